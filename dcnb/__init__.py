@@ -1,0 +1,24 @@
+"""dcnb: optimize PyTorch modules step by step with DaCe, checked against PyTorch at every step."""
+
+from dcnb._src.errors import CompileError as CompileError
+from dcnb._src.errors import DcnbError as DcnbError
+from dcnb._src.errors import InputError as InputError
+from dcnb._src.errors import UnsupportedOpError as UnsupportedOpError
+from dcnb._src.module import DcnbModule as DcnbModule
+from dcnb._src.record import Step as Step
+from dcnb._src.session import Session as Session
+from dcnb._src.session import optimize as optimize
+from dcnb._src.session import replay as replay
+from dcnb._src.version import VERSION as __version__
+
+__all__ = [
+    "CompileError",
+    "DcnbError",
+    "DcnbModule",
+    "InputError",
+    "Session",
+    "Step",
+    "UnsupportedOpError",
+    "optimize",
+    "replay",
+]

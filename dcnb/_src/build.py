@@ -1,0 +1,134 @@
+"""SDFGs -> loaded binaries, cached by content, the forward and backward compiled side by side."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import dataclasses
+import re
+import time
+import warnings
+
+import dace
+from dace.codegen import codegen, compiler
+from dace.codegen.compiled_sdfg import CompiledSDFG
+from dace.codegen.exceptions import CompilationError, CompilerConfigurationError
+from dace.config import Config, temporary_config
+from dace.sdfg import nodes
+
+from . import cache, events, vecmath
+from .errors import CompileError
+
+# binaries loaded in this process, by cache key: undo and replay reuse them without reloading
+_loaded: dict[str, CompiledSDFG] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    binaries: list[CompiledSDFG | None]
+    #: seconds spent generating and compiling code (0.0 when every SDFG came from the cache)
+    seconds: float
+    keys: list[str | None]
+
+
+def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
+    """Compile each SDFG (None stays None) for ``device``; a CompileError names the failing SDFG."""
+    start = time.perf_counter()
+    with temporary_config(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _configure(device)
+        flags = _flags()
+        prepared = [None if s is None else _prepare(s, device, flags) for s in sdfgs]
+        todo = [(s, k) for s, k in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
+        folders = {k: _generate(s, k) for s, k in todo}
+        if todo:
+            events.emit("build")
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(todo)) as pool:
+                futures = {k: pool.submit(_compile, folders[k], s.name) for s, k in todo}
+                for k, future in futures.items():
+                    future.result()
+        for s, k in prepared:
+            if s is not None and k not in _loaded:
+                _loaded[k] = compiler.load_precompiled_sdfg(_folder(k, s), s)
+    seconds = time.perf_counter() - start if todo else 0.0
+    return Built(
+        binaries=[None if k is None else _loaded[k] for _, k in prepared],
+        seconds=seconds,
+        keys=[k for _, k in prepared],
+    )
+
+
+def _configure(device: str) -> None:
+    Config.set("compiler", "allow_view_arguments", value=True)
+    Config.set("debugprint", value=False)
+    if device == "cpu" and vecmath.libraries():
+        libs = Config.get("compiler", "cpu", "libs")
+        Config.set("compiler", "cpu", "libs", value=f"{libs} {vecmath.libraries()}".strip())
+
+
+def _flags() -> dict[str, str]:
+    return {
+        "cpu.args": Config.get("compiler", "cpu", "args"),
+        "cpu.libs": Config.get("compiler", "cpu", "libs"),
+        "cuda.args": Config.get("compiler", "cuda", "args"),
+        "build_type": Config.get("compiler", "build_type"),
+    }
+
+
+def _prepare(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> tuple[dace.SDFG, str]:
+    sdfg = copy.deepcopy(sdfg)
+    if device == "cuda" and _has_host_maps(sdfg):
+        sdfg.apply_gpu_transformations()
+    key = cache.key(sdfg, device, flags)
+    base = re.sub(r"_[0-9a-f]{16}$", "", sdfg.name)
+    sdfg.name = f"{base}_{key[:16]}"
+    sdfg.build_folder = str(_folder(key, sdfg))
+    return sdfg, key
+
+
+def _has_host_maps(sdfg: dace.SDFG) -> bool:
+    return any(
+        isinstance(n, nodes.MapEntry) and s.entry_node(n) is None and n.map.schedule != dace.ScheduleType.GPU_Device
+        for n, s in sdfg.all_nodes_recursive()
+    )
+
+
+def _folder(key: str, sdfg: dace.SDFG):
+    return cache.root() / "builds" / sdfg.name
+
+
+def _on_disk(sdfg: dace.SDFG, key: str) -> bool:
+    folder = _folder(key, sdfg)
+    return folder.is_dir() and compiler.get_binary_name(folder, sdfg.name).is_file()
+
+
+def _generate(sdfg: dace.SDFG, key: str):
+    """Generate code into the build folder (on this thread: code generation is not thread-safe)."""
+    sdfg.fill_scope_connectors()
+    try:
+        objects = codegen.generate_code(sdfg, validate=True)
+    except Exception as e:
+        raise CompileError(f"DaCe could not generate code for {sdfg.name}: {_first_line(e)}", log=str(e)) from e
+    return compiler.generate_program_folder(sdfg, objects, str(_folder(key, sdfg)))
+
+
+def _compile(folder: str, name: str) -> None:
+    try:
+        compiler.configure_and_compile(folder, name)
+    except (CompilationError, CompilerConfigurationError) as e:
+        log = str(e)
+        raise CompileError(f"the generated code does not compile: {_compiler_error(log)}", log=log) from e
+
+
+def _compiler_error(log: str) -> str:
+    """The first compiler diagnostic in a build log, without its path."""
+    for line in log.splitlines():
+        found = re.search(r"(?:error|Error):\s*(.+)$", line)
+        if found and "ninja" not in line and "make" not in line.split(":")[0]:
+            return found.group(1).strip()
+    return _first_line(log)
+
+
+def _first_line(e: object) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

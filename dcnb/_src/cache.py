@@ -1,0 +1,34 @@
+"""Content keys for builds: the SDFG's hash plus everything else that changes the binary."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import platform
+
+import dace
+
+from .version import VERSION
+
+
+def root() -> pathlib.Path:
+    """Where builds live: $DCNB_CACHE, else ~/.cache/dcnb."""
+    path = os.environ.get("DCNB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dcnb")
+    return pathlib.Path(path)
+
+
+def key(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> str:
+    """sha256 over named entries, as jax's cache_key does: content, versions, device and compiler flags."""
+    entries = {
+        "sdfg": sdfg.hash_sdfg(),
+        "dcnb": VERSION,
+        "dace": dace.__version__,
+        "machine": platform.machine(),
+        "device": device,
+        **flags,
+    }
+    digest = hashlib.sha256()
+    for name in sorted(entries):
+        digest.update(f"{name}={entries[name]}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,127 @@
+"""A forward SDFG before autodiff -> the forward and backward SDFGs that run (a Program)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+
+import dace
+from dace import data as dt
+from dace.autodiff import AutoDiffException
+from dace.autodiff.base_abc import find_backward_implementation
+from dace.autodiff.torch import make_backward_function
+from dace.libraries.onnx.nodes.onnx_op import ONNXOp
+from dace.sdfg import nodes
+from dace.transformation.onnx.optimize import expand_onnx_nodes
+
+from .errors import StepError
+from .frontend import Imported
+
+
+@dataclasses.dataclass
+class Program:
+    """The SDFGs of one session state, ready to compile."""
+
+    forward: dace.SDFG
+    backward: dace.SDFG | None
+    #: forward arrays the backward reads, by name (inputs, outputs and stored intermediates)
+    forwarded: list[str]
+    #: forward input/parameter name -> gradient array in the backward SDFG
+    input_grads: dict[str, str]
+    #: forward output name -> gradient array the backward SDFG receives
+    output_grads: dict[str, str]
+
+    def stored_bytes(self, imported: Imported) -> int:
+        """Bytes the forward stores only for the backward (not inputs, parameters or outputs)."""
+        given = set(imported.inputs) | set(imported.param_paths) | set(imported.outputs)
+        return sum(
+            _nbytes(self.forward.arrays[name]) for name in self.forwarded if name not in given
+        )
+
+
+def lower(sdfg: dace.SDFG) -> None:
+    """Expand the ONNX nodes that autodiff would expand anyway (those without a backward rule), then simplify.
+
+    Done before autodiff, so that pre-autodiff transformations see maps and tasklets, as in DaCeML's recipes.
+    """
+    while True:
+        targets = {
+            node
+            for node, parent in sdfg.all_nodes_recursive()
+            if isinstance(node, ONNXOp) and find_backward_implementation(parent.sdfg, parent, node) is None
+        }
+        if not targets:
+            break
+        expand_onnx_nodes(sdfg, predicate=lambda n: n in targets)
+    sdfg.simplify()
+
+
+def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program:
+    """Generate the backward SDFG of a copy of ``pre``, with gradients for the arrays in ``wrt``."""
+    forward = copy.deepcopy(pre)
+    if not wrt:
+        return Program(forward, None, [], {}, {})
+    if len(forward.nodes()) != 1:
+        raise StepError(
+            f"autodiff needs the forward SDFG in one state, but it has {len(forward.nodes())}; "
+            "apply this transformation after autodiff instead"
+        )
+    model = types.SimpleNamespace(sdfg=forward, outputs=imported.outputs)
+    try:
+        forward, backward, result, forwarded = make_backward_function(model, wrt)
+    except AutoDiffException as e:
+        raise StepError(f"DaCe's autodiff failed: {e}") from e
+    except AssertionError as e:
+        # DaCe 2.0.0b1's autodiff asserts when the backward needs a value computed inside a map scope
+        inner = _in_scope_intermediates(pre)
+        if inner:
+            raise StepError(
+                "DaCe's autodiff cannot store values computed inside a map for the backward "
+                f"({', '.join(sorted(inner)[:3])}); fuse maps after autodiff (map_fusion) or merge the "
+                "tasklets before it (tasklet_fusion)"
+            ) from e
+        raise StepError("DaCe's autodiff failed on an internal assertion") from e
+    return Program(
+        forward=forward,
+        backward=backward,
+        forwarded=list(forwarded),
+        input_grads=dict(result.required_grad_names),
+        output_grads=dict(result.given_grad_names),
+    )
+
+
+def _in_scope_intermediates(sdfg: dace.SDFG) -> set[str]:
+    return {
+        n.data
+        for state in sdfg.states()
+        for n in state.nodes()
+        if isinstance(n, nodes.AccessNode)
+        and state.entry_node(n) is not None
+        and any(isinstance(e.src, nodes.CodeNode) for e in state.in_edges(n))
+        and any(isinstance(e.dst, nodes.CodeNode) for e in state.out_edges(n))
+    }
+
+
+def counts(sdfg: dace.SDFG | None) -> dict[str, int]:
+    """Maps (all and outermost, i.e. kernels), tasklets, library nodes and transients of an SDFG."""
+    if sdfg is None:
+        return {}
+    result = {"maps": 0, "kernels": 0, "tasklets": 0, "library_nodes": 0}
+    for node, parent in sdfg.all_nodes_recursive():
+        if isinstance(node, nodes.MapEntry):
+            result["maps"] += 1
+            if parent.entry_node(node) is None and isinstance(parent, dace.SDFGState) and parent.sdfg is sdfg:
+                result["kernels"] += 1
+        elif isinstance(node, nodes.Tasklet):
+            result["tasklets"] += 1
+        elif isinstance(node, nodes.LibraryNode):
+            result["library_nodes"] += 1
+    result["transients"] = sum(
+        1 for s in sdfg.all_sdfgs_recursive() for d in s.arrays.values() if d.transient and not isinstance(d, dt.View)
+    )
+    return result
+
+
+def _nbytes(desc: dt.Data) -> int:
+    return int(desc.total_size) * desc.dtype.bytes

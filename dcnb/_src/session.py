@@ -1,0 +1,416 @@
+"""Session: a module's SDFGs and the history of the steps applied to them. It has no UI."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import dace
+import torch
+from torch import nn
+
+from . import build as builder
+from . import opfixes  # noqa: F401  (installs the fixes for DaCe gaps)
+from . import events, program, steps, timing, verify
+from .errors import DcnbError, InputError, StepError, check
+from .frontend import Imported, import_module
+from .module import DcnbModule, Runner
+from .record import BASELINES, Step, history_table
+
+
+@dataclasses.dataclass(frozen=True)
+class _Applied:
+    """A step as the recipe stores it."""
+
+    name: str
+    options: dict[str, Any]
+    where: tuple[str, ...] | None
+
+    def to_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": self.name}
+        if self.options:
+            entry["options"] = dict(self.options)
+        if self.where is not None:
+            entry["where"] = list(self.where)
+        return entry
+
+
+@dataclasses.dataclass
+class _State:
+    """A good state of the session: the SDFGs before and after autodiff, compiled and loaded."""
+
+    pre: dace.SDFG
+    program: program.Program
+    runner: Runner
+    applied: tuple[_Applied, ...]
+    step: Step
+
+
+class Session:
+    """An optimization session over one module and its example inputs. Build one with ``dcnb.optimize``."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        inputs: Sequence[torch.Tensor],
+        *,
+        backward: bool = True,
+        training: bool = False,
+        device: str = "auto",
+        baselines: Iterable[str] = BASELINES,
+        time_budget: float = 2.0,
+        progress: Callable[[str], None] | None = None,
+    ):
+        self._module = module
+        self._inputs = _check_inputs(module, inputs)
+        self.device = _device(device)
+        self.backward = backward
+        self.training = training
+        self._baselines = tuple(baselines)
+        for b in self._baselines:
+            check(b in BASELINES, f"unknown baseline {b!r}; choose from {', '.join(BASELINES)}")
+        self._time_budget = time_budget
+        self._progress = progress or (lambda message: None)
+        self._compiled_torch: nn.Module | None = None
+        self._history: list[Step] = []
+        self._states: list[_State] = []
+        module.train(training)
+        self._progress("running PyTorch eager")
+        self._reference_outputs = self._eager_outputs()
+        self._reference_upstream = verify.grad_outputs(self._reference_outputs) if backward else None
+        self._progress("exporting to ONNX and importing into DaCe")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._imported: Imported = import_module(module, tuple(self._inputs), training=training)
+            pre = copy.deepcopy(self._imported.sdfg)
+            program.lower(pre)
+        self._reference = verify.run(
+            module, module, self._inputs, self._reference_upstream, self._imported.all_inputs
+        )
+        state = self._make_state(pre, ())
+        self._states.append(state)
+        self._history.append(state.step)
+
+    # --- what the session holds ---------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._imported.name
+
+    @property
+    def forward_sdfg(self) -> dace.SDFG:
+        """The forward SDFG as it runs now (after autodiff made the stored intermediates its outputs)."""
+        return self._states[-1].program.forward
+
+    @property
+    def backward_sdfg(self) -> dace.SDFG | None:
+        return self._states[-1].program.backward
+
+    @property
+    def pre_autodiff_sdfg(self) -> dace.SDFG:
+        """The forward SDFG before autodiff: what transformations that act before autodiff see."""
+        return self._states[-1].pre
+
+    @property
+    def history(self) -> list[Step]:
+        """Every step tried since the last reset, failed ones included (step 0 is the naive build)."""
+        return list(self._history)
+
+    @property
+    def current(self) -> Step:
+        """The step whose SDFGs the session holds now."""
+        return self._states[-1].step
+
+    @property
+    def recipe(self) -> list[dict[str, Any]]:
+        """The steps that built the current state, as JSON-serialisable data for ``dcnb.replay``."""
+        return [a.to_json() for a in self._states[-1].applied]
+
+    @property
+    def module(self) -> DcnbModule:
+        """An nn.Module running the current compiled SDFGs, sharing the user module's parameters."""
+        return self._dcnb_module(self._states[-1].runner)
+
+    # --- actions --------------------------------------------------------------------------------------------------
+
+    def actions(self, where: Iterable[str] | None = None) -> list[steps.Offer]:
+        """The transformations on offer now and how many places each matches (0: not applicable)."""
+        where = None if where is None else tuple(where)
+        state = self._states[-1]
+        offers = []
+        for action in steps.REGISTRY.values():
+            if self.device not in action.devices:
+                continue
+            if action.before_autodiff:
+                matches = _safe_count(action, state.pre, where, {})
+            else:
+                matches = sum(
+                    _safe_count(action, s, where, {}) for s in (state.program.forward, state.program.backward) if s
+                )
+            offers.append(steps.Offer(action.name, action.description, action.before_autodiff, matches))
+        return offers
+
+    def apply(self, name: str, where: Iterable[str] | None = None, **options: Any) -> Step:
+        """Apply an action, compile, check against PyTorch and time. A failed step is recorded and rolled back."""
+        action = steps.get(name)
+        if self.device not in action.devices:
+            raise DcnbError(f"{name} is offered on {', '.join(action.devices)} only; this session runs on {self.device}")
+        applied = _Applied(name, dict(options), None if where is None else tuple(where))
+        index = len(self._history)
+        events.emit("apply")
+        try:
+            state = self._advance(self._states[-1], applied, index)
+        except DcnbError as e:
+            step = Step(index, name, applied.options, applied.where, ok=False, error=str(e), log=getattr(e, "log", None))
+        except Exception as e:  # a transformation that crashes must not take the session down with it
+            step = Step(index, name, applied.options, applied.where, ok=False, error=f"{name} raised {_describe(e)}")
+        else:
+            self._states.append(state)
+            step = state.step
+        self._history.append(step)
+        return step
+
+    def undo(self) -> Step:
+        """Go back to the state before the last successful step; returns the step now current."""
+        if len(self._states) == 1:
+            raise DcnbError("nothing to undo: the session is at its naive step")
+        undone = self._states.pop()
+        self._history = self._history[: undone.step.index]
+        return self.current
+
+    def reset(self) -> Step:
+        """Go back to the naive step, forgetting every later step."""
+        del self._states[1:]
+        self._history = self._history[:1]
+        return self.current
+
+    # --- text -----------------------------------------------------------------------------------------------------
+
+    def as_text(self) -> str:
+        shapes = ", ".join("x".join(str(d) for d in t.shape) for t in self._inputs)
+        lines = [f"dcnb session: {self.name} ({shapes}) on {self.device}"]
+        lines.extend(history_table(self._history))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.as_text()
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.as_text())
+
+    # --- internals ------------------------------------------------------------------------------------------------
+
+    def _advance(self, state: _State, applied: _Applied, index: int) -> _State:
+        action = steps.get(applied.name)
+        if action.before_autodiff:
+            pre = copy.deepcopy(state.pre)
+            count = _run(action, pre, applied, self.device)
+            check(count, f"{applied.name} matches nothing in the forward SDFG")
+            post = tuple(a for a in state.applied if not steps.get(a.name).before_autodiff)
+            return self._make_state(pre, (*state.applied, applied), index, count, replay=post)
+        prog = dataclasses.replace(
+            state.program,
+            forward=copy.deepcopy(state.program.forward),
+            backward=copy.deepcopy(state.program.backward),
+        )
+        count = sum(_run(action, s, applied, self.device) for s in (prog.forward, prog.backward) if s is not None)
+        check(count, f"{applied.name} matches nothing in the forward or backward SDFG")
+        return self._finish(state.pre, prog, (*state.applied, applied), index, count)
+
+    def _make_state(
+        self,
+        pre: dace.SDFG,
+        applied: tuple[_Applied, ...],
+        index: int = 0,
+        count: int = 0,
+        replay: tuple[_Applied, ...] = (),
+    ) -> _State:
+        self._progress("generating the backward pass" if self.backward else "preparing the forward pass")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = program.differentiate(pre, self._imported, self._wrt() if self.backward else [])
+            for post in replay:
+                for s in (prog.forward, prog.backward):
+                    if s is not None:
+                        _run(steps.get(post.name), s, post, self.device, strict=False)
+        return self._finish(pre, prog, applied, index, count)
+
+    def _finish(self, pre: dace.SDFG, prog: program.Program, applied: tuple[_Applied, ...], index: int, count: int) -> _State:
+        name, last = ("naive", _Applied("naive", {}, None)) if not applied else (applied[-1].name, applied[-1])
+        for s in (prog.forward, prog.backward):
+            if s is not None:
+                try:
+                    s.validate()
+                except Exception as e:
+                    raise StepError(f"{name} left an invalid SDFG: {_describe(e)}") from e
+        self._progress("compiling")
+        built = builder.build([prog.forward, prog.backward], self.device)
+        runner = Runner(self._imported, prog, built.binaries[0], built.binaries[1])
+        self._progress("checking against PyTorch")
+        got = verify.run(
+            self._dcnb_module(runner), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
+        )
+        result = verify.compare(got, self._reference)
+        if not result.ok:
+            raise StepError(f"{name} breaks correctness: {result.message}")
+        self._progress("timing")
+        timings, notes = self._time(runner)
+        step = Step(
+            index=index,
+            name=name,
+            options=last.options,
+            where=last.where,
+            ok=True,
+            applied=count,
+            check=result,
+            intermediate_bytes=prog.stored_bytes(self._imported) if prog.backward is not None else 0,
+            compile_seconds=built.seconds,
+            timings=timings,
+            counts={"forward": program.counts(prog.forward), "backward": program.counts(prog.backward)},
+            notes=notes,
+        )
+        return _State(pre, prog, runner, applied, step)
+
+    def _wrt(self) -> list[str]:
+        imp = self._imported
+        floating = {n for n, t in zip(imp.all_inputs, self._inputs) if t.is_floating_point()}
+        wanted = [n for n in imp.inputs if n in floating]
+        params = dict(self._module.named_parameters())
+        wanted += [n for n, path in imp.param_paths.items() if path in params and params[path].requires_grad]
+        return wanted
+
+    def _dcnb_module(self, runner: Runner) -> DcnbModule:
+        return DcnbModule(self._module, runner, self._inputs, [t.shape for t in self._reference_outputs])
+
+    def _eager_outputs(self) -> list[torch.Tensor]:
+        try:
+            with torch.no_grad(), verify._preserved(self._module):
+                return verify._flatten(self._module(*self._inputs))
+        except Exception as e:
+            raise InputError(
+                f"running {type(self._module).__name__} on the example inputs failed: {_describe(e)}"
+            ) from e
+
+    def _time(self, runner: Runner) -> tuple[dict[str, timing.Timing], tuple[str, ...]]:
+        notes = []
+        candidates = {"dcnb": self._dcnb_module(runner)}
+        if "torch" in self._baselines:
+            candidates["torch"] = self._module
+        if "torch_compile" in self._baselines:
+            compiled, note = self._torch_compiled()
+            if compiled is not None:
+                candidates["torch_compile"] = compiled
+            else:
+                notes.append(note)
+        calls = {name: self._timed_call(fn) for name, fn in candidates.items()}
+        with verify._preserved(self._module):
+            return timing.interleaved(calls, budget_s=self._time_budget), tuple(notes)
+
+    def _timed_call(self, fn: Callable) -> Callable[[], None]:
+        grads = self.backward and self._reference_upstream is not None
+        inputs = [t.detach().clone().requires_grad_(grads and t.is_floating_point()) for t in self._inputs]
+        upstream = self._reference_upstream
+
+        def call() -> None:
+            outputs = verify._flatten(fn(*inputs))
+            if grads:
+                pairs = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                for t in inputs:
+                    t.grad = None
+
+        return call
+
+    def _torch_compiled(self) -> tuple[nn.Module | None, str]:
+        if self._compiled_torch is None:
+            self._progress("compiling the torch.compile baseline")
+            try:
+                compiled = torch.compile(self._module)
+                self._timed_call(compiled)()
+                self._compiled_torch = compiled
+            except Exception as e:
+                self._baselines = tuple(b for b in self._baselines if b != "torch_compile")
+                return None, f"torch.compile baseline unavailable: {_describe(e)}"
+        return self._compiled_torch, ""
+
+
+def _run(action: steps.Action, sdfg: dace.SDFG, applied: _Applied, device: str, strict: bool = True) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if not strict and action.count(sdfg, applied.where, applied.options) == 0:
+            return 0
+        return action.run(sdfg, applied.where, applied.options, device)
+
+
+def _safe_count(action: steps.Action, sdfg: dace.SDFG, where, options) -> int:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return action.count(sdfg, where, options)
+    except Exception:  # a matcher that crashes offers nothing rather than breaking the menu
+        return 0
+
+
+def _check_inputs(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if not isinstance(module, nn.Module):
+        raise InputError(f"dcnb optimizes torch.nn.Module instances; got {type(module).__name__}")
+    if not inputs:
+        raise InputError(f"{type(module).__name__} needs example inputs to build for (their shapes are compiled in)")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"example input {i} is a {type(t).__name__}, not a torch.Tensor")
+    return [t.detach() for t in inputs]
+
+
+def _device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device must be 'auto', 'cpu' or 'cuda', not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("device='cuda' was asked for, but PyTorch sees no CUDA device here")
+    return device
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def optimize(
+    module: nn.Module,
+    *example_inputs: torch.Tensor,
+    backward: bool = True,
+    training: bool = False,
+    device: str = "auto",
+    **options: Any,
+) -> Session:
+    """Export ``module``, build its forward (and backward) SDFGs with DaCe, compile, check and time: step 0.
+
+    ``options`` go to Session: ``baselines`` (default ("torch", "torch_compile")), ``time_budget`` (seconds of
+    timing per step), ``progress`` (a callable receiving one-line progress messages).
+    """
+    return Session(module, example_inputs, backward=backward, training=training, device=device, **options)
+
+
+def replay(
+    module: nn.Module,
+    *example_inputs: torch.Tensor,
+    recipe: Sequence[dict[str, Any]],
+    backward: bool = True,
+    training: bool = False,
+    device: str = "auto",
+    **options: Any,
+) -> Session:
+    """Rebuild a session non-interactively from ``Session.recipe``; raises DcnbError if a step fails."""
+    session = optimize(module, *example_inputs, backward=backward, training=training, device=device, **options)
+    for i, entry in enumerate(recipe):
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise DcnbError(f"recipe entry {i} is not a step (a dict with a 'name'): {entry!r}")
+        step = session.apply(entry["name"], where=entry.get("where"), **entry.get("options", {}))
+        if not step.ok:
+            raise DcnbError(f"replaying step {i + 1} ({entry['name']}) failed: {step.error}")
+    return session

@@ -1,0 +1,305 @@
+"""The transformations a session offers, as data: a registry of named Actions.
+
+An action acts either before autodiff (on the forward SDFG, after which the backward is regenerated, so that
+autodiff differentiates the transformed code: DaCeML's tasklet-fusion trick) or after it (on the forward and
+backward SDFGs alike). ``where`` restricts an action to matches touching the named nodes (node labels, as the
+graph views show them: map, tasklet, library-node labels, or array names for access nodes).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from collections.abc import Callable, Collection
+
+import dace
+from dace.libraries.onnx.nodes.onnx_op import ONNXOp
+from dace.sdfg import nodes
+from dace.sdfg.state import StateSubgraphView
+from dace.transformation import PatternTransformation
+from dace.transformation.auto.auto_optimize import auto_optimize
+from dace.transformation.dataflow import (
+    MapFusion,
+    TaskletFusion,
+    TrivialMapElimination,
+    Vectorization,
+)
+from dace.transformation.onnx.optimize import expand_onnx_nodes
+from dace.transformation.optimizer import Optimizer
+from dace.transformation.subgraph import SubgraphFusion
+
+from . import vecmath
+from .errors import check
+
+Where = Collection[str] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """A named transformation: how many places it matches in an SDFG, and how to apply it there."""
+
+    name: str
+    description: str
+    #: True: acts on the forward SDFG before autodiff; False: on both SDFGs after it
+    before_autodiff: bool
+    count: Callable[[dace.SDFG, Where, dict], int]
+    #: run(sdfg, where, options, device) -> places applied
+    run: Callable[[dace.SDFG, Where, dict, str], int]
+    #: devices ("cpu", "cuda") the action is offered on
+    devices: tuple[str, ...] = ("cpu", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    """An action as offered now: its description and how many places it matches."""
+
+    name: str
+    description: str
+    before_autodiff: bool
+    matches: int
+
+    @property
+    def phase(self) -> str:
+        return "before autodiff" if self.before_autodiff else "after autodiff"
+
+
+REGISTRY: dict[str, Action] = {}
+
+
+def register(action: Action) -> Action:
+    REGISTRY[action.name] = action
+    return action
+
+
+def get(name: str) -> Action:
+    if name not in REGISTRY:
+        raise KeyError(f"unknown action {name!r}; the actions are: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+# --- pattern transformations, one match at a time so that `where` can filter ---------------------------------
+
+
+def _label(node: nodes.Node) -> str:
+    if isinstance(node, nodes.AccessNode):
+        return node.data
+    if isinstance(node, (nodes.MapEntry, nodes.MapExit)):
+        return node.map.label
+    return getattr(node, "label", str(node))
+
+
+def _touches(match: PatternTransformation, sdfg: dace.SDFG, where: Where) -> bool:
+    if where is None:
+        return True
+    matched = [getattr(match, name) for name in type(match)._get_pattern_nodes()]
+    return any(_label(n) in where for n in matched)
+
+
+def _matches(xform: type[PatternTransformation], sdfg: dace.SDFG, where: Where, options: dict):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for match in Optimizer(sdfg).get_pattern_matches(patterns=[xform], options=[options] if options else None):
+            if _touches(match, sdfg, where):
+                yield match
+
+
+def _count(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict], int]:
+    return lambda sdfg, where, options: sum(1 for _ in _matches(xform, sdfg, where, options))
+
+
+def _repeat(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict, str], int]:
+    def run(sdfg: dace.SDFG, where: Where, options: dict, device: str = "cpu") -> int:
+        applied = 0
+        while (match := next(_matches(xform, sdfg, where, options), None)) is not None:
+            match.apply_pattern(append=False)
+            applied += 1
+        return applied
+
+    return run
+
+
+# --- expand ---------------------------------------------------------------------------------------------------
+
+
+def _onnx_nodes(sdfg: dace.SDFG, where: Where) -> list[ONNXOp]:
+    return [n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, ONNXOp) and (where is None or n.label in where)]
+
+
+def _expand(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
+    targets = _onnx_nodes(sdfg, where)
+    expand_onnx_nodes(sdfg, predicate=lambda n: where is None or n.label in where)
+    sdfg.simplify()
+    return len(targets)
+
+
+register(
+    Action(
+        "expand",
+        "Expand ONNX library nodes (matmul, softmax, norms, ...) to their pure maps and tasklets, "
+        "so that fusion can reach inside them and autodiff differentiates the expanded code.",
+        before_autodiff=True,
+        count=lambda sdfg, where, options: len(_onnx_nodes(sdfg, where)),
+        run=_expand,
+    )
+)
+
+register(
+    Action(
+        "map_fusion",
+        "Fuse each producer map into its consumer map (in the forward and the backward), so that intermediates "
+        "pass through registers; those the backward needs are still stored.",
+        before_autodiff=False,
+        count=_count(MapFusion),
+        run=_repeat(MapFusion),
+    )
+)
+
+
+# --- subgraph fusion --------------------------------------------------------------------------------------------
+
+
+def _fusable(sdfg: dace.SDFG, where: Where) -> list[StateSubgraphView]:
+    groups = []
+    for state in sdfg.states():
+        top = [n for n in state.nodes() if state.entry_node(n) is None]
+        if where is not None:
+            top = [n for n in top if _label(n) in where or isinstance(n, nodes.AccessNode)]
+        maps = [n for n in top if isinstance(n, nodes.MapEntry)]
+        if len(maps) < 2:
+            continue
+        subgraph = StateSubgraphView(state, _with_scopes(state, top))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if SubgraphFusion.can_be_applied_to(sdfg, subgraph):
+                groups.append(subgraph)
+    return groups
+
+
+def _with_scopes(state: dace.SDFGState, top: list[nodes.Node]) -> list[nodes.Node]:
+    result = []
+    for node in top:
+        result.append(node)
+        if isinstance(node, nodes.MapEntry):
+            result.extend(state.scope_subgraph(node, include_entry=False, include_exit=True).nodes())
+    return result
+
+
+def _subgraph_fusion(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
+    sdfg.apply_transformations_repeated(TrivialMapElimination)
+    groups = _fusable(sdfg, where)
+    check(groups, "subgraph_fusion finds no group of maps it can fuse")
+    for subgraph in groups:
+        SubgraphFusion.apply_to(sdfg, subgraph.nodes(), **options)
+    return len(groups)
+
+
+register(
+    Action(
+        "subgraph_fusion",
+        "Fuse all maps of a state (or the selected ones) into one map, in the forward and the backward.",
+        before_autodiff=False,
+        count=lambda sdfg, where, options: len(_fusable(sdfg, where)),
+        run=_subgraph_fusion,
+    )
+)
+
+def _fused_copy(sdfg: dace.SDFG, where: Where) -> dace.SDFG:
+    fused = copy.deepcopy(sdfg)
+    _repeat(MapFusion)(fused, where, {})
+    return fused
+
+
+def _tasklet_fusion(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
+    # TaskletFusion merges tasklets within one scope, so maps are fused first; that intermediate never
+    # reaches autodiff, which cannot forward values computed inside a map (see program.differentiate)
+    _repeat(MapFusion)(sdfg, where, {})
+    return _repeat(TaskletFusion)(sdfg, where, options)
+
+
+register(
+    Action(
+        "tasklet_fusion",
+        "Fuse maps and merge their chains of tasklets into one expression before autodiff: the backward then "
+        "recomputes the intermediates instead of storing them.",
+        before_autodiff=True,
+        count=lambda sdfg, where, options: _count(TaskletFusion)(_fused_copy(sdfg, where), where, options),
+        run=_tasklet_fusion,
+    )
+)
+
+
+# --- vectorization ----------------------------------------------------------------------------------------------
+
+
+def _vector_options(options: dict) -> dict:
+    return {"vector_len": options.get("vector_len", vecmath.native_width())}
+
+
+def _vectorize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
+    applied = _repeat(Vectorization)(sdfg, where, _vector_options(options))
+    if applied:
+        vecmath.install(sdfg)
+    return applied
+
+
+register(
+    Action(
+        "vectorization",
+        "Compute innermost maps on vectors of floats; transcendental functions go to glibc's vector math (libmvec).",
+        before_autodiff=False,
+        count=lambda sdfg, where, options: _count(Vectorization)(sdfg, where, _vector_options(options)),
+        run=_vectorize,
+    )
+)
+
+
+# --- whole-SDFG optimizations -----------------------------------------------------------------------------------
+
+
+def _auto_optimize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
+    check(where is None, "auto_optimize acts on the whole SDFG and cannot be restricted to nodes")
+    expand_onnx_nodes(sdfg)
+    auto_optimize(sdfg, dace.DeviceType.GPU if device == "cuda" else dace.DeviceType.CPU)
+    return 1
+
+
+register(
+    Action(
+        "auto_optimize",
+        "DaCe's automatic pipeline: expand library nodes, simplify, greedy subgraph fusion, tiled reductions, "
+        "map collapsing, fast library implementations.",
+        before_autodiff=False,
+        count=lambda sdfg, where, options: int(where is None),
+        run=_auto_optimize,
+    )
+)
+
+
+def _gpu_maps(sdfg: dace.SDFG) -> list[nodes.MapEntry]:
+    return [
+        n
+        for n, state in sdfg.all_nodes_recursive()
+        if isinstance(n, nodes.MapEntry)
+        and state.entry_node(n) is None
+        and n.map.schedule not in (dace.ScheduleType.GPU_Device, dace.ScheduleType.GPU_ThreadBlock)
+    ]
+
+
+def _to_gpu(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
+    check(where is None, "gpu moves the whole SDFG and cannot be restricted to nodes")
+    count = len(_gpu_maps(sdfg))
+    sdfg.apply_gpu_transformations()
+    return count
+
+
+register(
+    Action(
+        "gpu",
+        "Turn every outermost map into a CUDA kernel and place arrays in GPU memory.",
+        before_autodiff=False,
+        count=lambda sdfg, where, options: len(_gpu_maps(sdfg)) if where is None else 0,
+        run=_to_gpu,
+        devices=("cuda",),
+    )
+)

@@ -1,0 +1,146 @@
+"""Run a candidate forward+backward and compare outputs, gradients and updated buffers with PyTorch eager."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+#: tolerances: |got - want| <= atol * max(1, max|want|) + rtol * |want|, per tensor
+RTOL = 1e-4
+ATOL = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What one forward+backward produced, by label ("output", "grad x", "grad lin.weight", "buffer bn.running_mean")."""
+
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    ok: bool
+    max_abs_error: float
+    max_rel_error: float
+    #: the label of the tensor with the largest error relative to its tolerance
+    worst: str
+    #: max absolute error per label
+    errors: dict[str, float]
+
+    @property
+    def message(self) -> str | None:
+        if self.ok:
+            return None
+        return (
+            f"{self.worst} differs from PyTorch (max abs error {self.errors[self.worst]:.3g}, "
+            f"tolerance rtol={RTOL:g}, atol={ATOL:g} scaled by magnitude)"
+        )
+
+
+def grad_outputs(outputs: list[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
+    """Fixed random upstream gradients, so that every run differentiates the same loss."""
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) if o.is_floating_point() else None
+        for o in outputs
+    ]
+
+
+def run(
+    fn: Callable[..., object],
+    module: nn.Module,
+    inputs: list[torch.Tensor],
+    upstream: list[torch.Tensor] | None,
+    input_names: list[str],
+) -> Run:
+    """Call fn(*inputs), backpropagate ``upstream``, and collect what changed, leaving the module as it was."""
+    with _preserved(module):
+        args = [_leaf(t, upstream is not None) for t in inputs]
+        outputs = _flatten(fn(*args))
+        tensors = {_output_label(i, len(outputs)): o.detach().clone() for i, o in enumerate(outputs)}
+        if upstream is not None:
+            pairs = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            for name, t in zip(input_names, args):
+                if t.grad is not None:
+                    tensors[f"grad {name}"] = t.grad.clone()
+            for name, p in module.named_parameters():
+                if p.grad is not None:
+                    tensors[f"grad {name}"] = p.grad.clone()
+        for name, b in module.named_buffers():
+            tensors[f"buffer {name}"] = b.detach().clone()
+    return Run(tensors)
+
+
+def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL) -> Check:
+    errors: dict[str, float] = {}
+    worst, worst_ratio, max_rel = "", -1.0, 0.0
+    ok = True
+    for label, w in want.tensors.items():
+        g = got.tensors.get(label)
+        if g is None:
+            ok, worst, worst_ratio = False, label, math.inf
+            errors[label] = math.inf
+            continue
+        if g.shape != w.shape:
+            g = g.reshape(w.shape) if g.numel() == w.numel() else g
+        if g.shape != w.shape:
+            ok, worst, worst_ratio = False, label, math.inf
+            errors[label] = math.inf
+            continue
+        g64, w64 = g.double(), w.double()
+        both_nan = torch.isnan(g64) & torch.isnan(w64)
+        diff = torch.where(both_nan, torch.zeros_like(g64), (g64 - w64).abs())
+        diff = torch.nan_to_num(diff, nan=math.inf)
+        scale = max(1.0, float(w64.abs().nan_to_num(0.0).max())) if w64.numel() else 1.0
+        bound = atol * scale + rtol * w64.abs().nan_to_num(0.0)
+        abs_err = float(diff.max()) if diff.numel() else 0.0
+        errors[label] = abs_err
+        ratio = float((diff / bound).max()) if diff.numel() else 0.0
+        max_rel = max(max_rel, float((diff / w64.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0)
+        if ratio > 1.0:
+            ok = False
+        if ratio > worst_ratio:
+            worst, worst_ratio = label, ratio
+    return Check(ok, max(errors.values(), default=0.0), max_rel, worst, errors)
+
+
+def _output_label(i: int, n: int) -> str:
+    return "output" if n == 1 else f"output {i}"
+
+
+def _flatten(out: object) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for item in out for t in _flatten(item)]
+    raise TypeError(f"the module returned {type(out).__name__}; dcnb handles tensors and tuples of tensors")
+
+
+def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
+    t = t.detach().clone()
+    return t.requires_grad_(grad and t.is_floating_point())
+
+
+@contextlib.contextmanager
+def _preserved(module: nn.Module) -> Iterator[None]:
+    """Keep the user's .grad fields and buffers (BatchNorm statistics) as they were."""
+    grads = {name: p.grad for name, p in module.named_parameters()}
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    for p in module.parameters():
+        p.grad = None
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for name, p in module.named_parameters():
+            p.grad = grads[name]
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                b.copy_(buffers[name])

@@ -1,0 +1,120 @@
+"""Bad input and failing steps: a clear reason, and the session stays at its last good state."""
+
+import pytest
+import torch
+from dace import dtypes
+from dace.properties import CodeBlock
+from dace.sdfg import nodes
+
+import dcnb
+from dcnb._src import steps
+from models import Determinant, Mish, TinyMLP
+
+pytestmark = pytest.mark.compile
+
+SHAPE = (2, 4, 8, 8)
+
+
+def _tasklets(sdfg):
+    return [n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.Tasklet)]
+
+
+def _raise(sdfg, where, options, device):
+    raise RuntimeError("this transformation always fails")
+
+
+def _scale_backward(sdfg, where, options, device):
+    # only the backward has gradient arrays: outputs stay right, input gradients go wrong
+    if not any(name.startswith("gradient_") for name in sdfg.arrays):
+        return 0
+    tasklet = _tasklets(sdfg)[-1]
+    out = next(iter(tasklet.out_connectors))
+    tasklet.code = CodeBlock(tasklet.code.as_string + f"\n{out} = {out} * 1.5", dtypes.Language.Python)
+    return 1
+
+
+def _break_cpp(sdfg, where, options, device):
+    if any(name.startswith("gradient_") for name in sdfg.arrays):
+        return 0
+    _tasklets(sdfg)[0].code = CodeBlock("this is not C++;", dtypes.Language.CPP)
+    return 1
+
+
+@pytest.fixture
+def broken_actions():
+    added = [
+        steps.Action("always_raises", "raises", False, lambda s, w, o: 1, _raise),
+        steps.Action("wrong_gradients", "scales a gradient", False, lambda s, w, o: 1, _scale_backward),
+        steps.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, _break_cpp),
+    ]
+    for action in added:
+        steps.register(action)
+    yield
+    for action in added:
+        del steps.REGISTRY[action.name]
+
+
+@pytest.fixture
+def session():
+    return dcnb.optimize(Mish(), torch.rand(*SHAPE), baselines=(), time_budget=0.05)
+
+
+def _assert_rolled_back(session, before, step):
+    assert not step.ok
+    assert session.current is before
+    assert session.history[-1] is step
+    assert session.recipe == []
+    torch.testing.assert_close(session.module(torch.zeros(*SHAPE)), torch.zeros(*SHAPE))
+
+
+def test_a_raising_transformation_is_recorded_and_rolled_back(session, broken_actions):
+    before = session.current
+    step = session.apply("always_raises")
+    assert step.error == "always_raises raised RuntimeError: this transformation always fails"
+    _assert_rolled_back(session, before, step)
+
+
+def test_a_transformation_that_breaks_gradients_is_rolled_back(session, broken_actions):
+    before = session.current
+    step = session.apply("wrong_gradients")
+    assert "breaks correctness: grad x differs from PyTorch" in step.error
+    _assert_rolled_back(session, before, step)
+
+
+def test_a_compile_failure_keeps_the_compiler_log(session, broken_actions):
+    before = session.current
+    step = session.apply("bad_code")
+    assert step.error.startswith("the generated code does not compile:")
+    assert "this is not C++" in step.log
+    _assert_rolled_back(session, before, step)
+    assert session.apply("tasklet_fusion").ok  # the session goes on from its last good state
+
+
+def test_an_action_that_matches_nothing_fails_with_its_reason(session):
+    step = session.apply("expand")
+    assert not step.ok and step.error == "expand matches nothing in the forward SDFG"
+
+
+def test_unknown_action_names_the_choices(session):
+    with pytest.raises(KeyError, match="the actions are: expand, map_fusion"):
+        session.apply("fuse_everything")
+
+
+def test_wrong_input_shape_names_the_shapes():
+    with pytest.raises(dcnb.InputError, match=r"running TinyMLP on the example inputs failed: RuntimeError: .*8 and 16x16"):
+        dcnb.optimize(TinyMLP(width=16), torch.rand(4, 8))
+
+
+def test_unsupported_op_names_the_op_and_the_torch_call():
+    with pytest.raises(dcnb.UnsupportedOpError) as raised:
+        dcnb.optimize(Determinant(), torch.rand(3, 3))
+    assert raised.value.op == "Det"
+    assert "DaCe has no implementation of the ONNX op Det, which comes from `return torch.det(x)`" in str(raised.value)
+    assert "models.py" in raised.value.source
+
+
+def test_not_a_module_or_no_inputs():
+    with pytest.raises(dcnb.InputError, match="torch.nn.Module"):
+        dcnb.optimize(lambda x: x, torch.rand(2))
+    with pytest.raises(dcnb.InputError, match="needs example inputs"):
+        dcnb.optimize(Mish())

@@ -1,0 +1,167 @@
+"""The optimization session on real builds: the seed's Mish flow, replay, undo, the module, the build cache."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dcnb
+from dcnb._src import events
+from models import Mish, TinyMLP
+
+pytestmark = pytest.mark.compile
+
+SHAPE = (2, 4, 16, 16)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def mish_session():
+    torch.manual_seed(0)
+    session = dcnb.optimize(Mish(), torch.rand(*SHAPE), baselines=("torch",), time_budget=0.2)
+    for name in ("map_fusion", "tasklet_fusion", "vectorization"):
+        session.apply(name)
+    return session
+
+
+def test_seed_flow_every_step_ok(mish_session):
+    steps = mish_session.history
+    assert [s.name for s in steps] == ["naive", "map_fusion", "tasklet_fusion", "vectorization"]
+    for s in steps:
+        assert s.ok, s.error
+        assert s.check.ok and s.max_abs_error < 1e-5
+        assert {"output", "grad x"} <= set(s.check.errors)
+        assert s.timings["dcnb"].runs >= 5 and s.timings["torch"].median > 0
+        assert s.counts["forward"]["maps"] >= 1 and s.counts["backward"]["maps"] >= 1
+    naive, fused, tasklets, vectorized = steps
+    # the forward stores three full-size intermediates for the backward until the tasklets merge before autodiff
+    assert naive.intermediate_bytes == 3 * 4 * 2 * 4 * 16 * 16
+    assert fused.intermediate_bytes == naive.intermediate_bytes
+    assert tasklets.intermediate_bytes == 0 and vectorized.intermediate_bytes == 0
+    assert fused.counts["forward"]["kernels"] < naive.counts["forward"]["kernels"]
+    assert tasklets.counts["forward"]["tasklets"] == 1
+
+
+def test_recipe_replays_to_the_same_sdfgs_without_rebuilding(mish_session):
+    recipe = json.loads(json.dumps(mish_session.recipe))
+    assert recipe == [{"name": "map_fusion"}, {"name": "tasklet_fusion"}, {"name": "vectorization"}]
+    with events.count() as counted:
+        again = dcnb.replay(Mish(), torch.rand(*SHAPE), recipe=recipe, baselines=(), time_budget=0.05)
+    assert counted["build"] == 0
+    assert again.forward_sdfg.hash_sdfg() == mish_session.forward_sdfg.hash_sdfg()
+    assert again.backward_sdfg.hash_sdfg() == mish_session.backward_sdfg.hash_sdfg()
+    assert all(s.compile_seconds == 0 for s in again.history)
+
+
+_COUNT_BUILDS = """
+import sys, torch, dcnb
+from dcnb._src import events
+sys.path.insert(0, "tests")
+from models import Mish
+with events.count() as counted:
+    dcnb.optimize(Mish(), torch.rand(3, 5, 7, 9), baselines=(), time_budget=0.05)
+print(counted["build"])
+"""
+
+
+def test_builds_are_cached_by_content_in_process_and_on_disk(fresh_cache):
+    shape = (3, 5, 7, 9)  # a content no other test builds
+    with events.count() as counted:
+        first = dcnb.optimize(Mish(), torch.rand(*shape), baselines=(), time_budget=0.05)
+        second = dcnb.optimize(Mish(), torch.rand(*shape), baselines=(), time_budget=0.05)
+    assert counted["build"] == 1
+    assert first.current.compile_seconds > 0 and second.current.compile_seconds == 0
+    assert len(list(fresh_cache.rglob("*.so"))) >= 2  # forward and backward
+    other_process = subprocess.run(
+        [sys.executable, "-c", _COUNT_BUILDS], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert other_process.stdout.strip().splitlines()[-1] == "0"
+
+
+def test_actions_are_offered_with_their_phase_and_matches(mish_session):
+    fresh = dcnb.optimize(Mish(), torch.rand(*SHAPE), baselines=(), time_budget=0.05)
+    offers = {o.name: o for o in fresh.actions()}
+    assert {"expand", "map_fusion", "subgraph_fusion", "tasklet_fusion", "vectorization", "auto_optimize"} <= set(offers)
+    assert "gpu" not in offers  # no CUDA here
+    assert offers["tasklet_fusion"].before_autodiff and not offers["map_fusion"].before_autodiff
+    assert offers["expand"].matches == 0  # Mish's ONNX ops were lowered to maps by the naive step
+    assert offers["map_fusion"].matches > 0 and offers["tasklet_fusion"].matches > 0
+    after = {o.name: o.matches for o in mish_session.actions()}
+    assert after["tasklet_fusion"] == 0 and after["map_fusion"] == 0
+
+
+def test_where_restricts_an_action_to_chosen_nodes():
+    session = dcnb.optimize(Mish(), torch.rand(*SHAPE), baselines=(), time_budget=0.05)
+    everywhere = session.actions()
+    [everywhere] = [o.matches for o in everywhere if o.name == "map_fusion"]
+    label = next(n.map.label for n, _ in session.forward_sdfg.all_nodes_recursive() if hasattr(n, "map"))
+    [restricted] = [o.matches for o in session.actions(where=[label]) if o.name == "map_fusion"]
+    assert 0 < restricted < everywhere
+    step = session.apply("map_fusion", where=[label])
+    assert step.ok and step.where == (label,) and 0 < step.applied < everywhere
+    assert session.recipe == [{"name": "map_fusion", "where": [label]}]
+
+
+def test_undo_and_reset_return_to_earlier_states():
+    session = dcnb.optimize(Mish(), torch.rand(*SHAPE), baselines=(), time_budget=0.05)
+    naive_hash = session.backward_sdfg.hash_sdfg()
+    session.apply("tasklet_fusion")
+    fused_hash = session.backward_sdfg.hash_sdfg()
+    session.apply("vectorization")
+    assert session.undo().name == "tasklet_fusion"
+    assert session.backward_sdfg.hash_sdfg() == fused_hash
+    assert [s.name for s in session.history] == ["naive", "tasklet_fusion"]
+    assert session.reset().name == "naive"
+    assert session.backward_sdfg.hash_sdfg() == naive_hash and session.recipe == []
+    with pytest.raises(dcnb.DcnbError, match="nothing to undo"):
+        session.undo()
+
+
+def test_module_trains_like_pytorch():
+    torch.manual_seed(0)
+    reference = TinyMLP()
+    ours = TinyMLP()
+    ours.load_state_dict(reference.state_dict())
+    x, target = torch.randn(8, 16), torch.randn(8, 4)
+    session = dcnb.optimize(ours, x, baselines=(), time_budget=0.05)
+    session.apply("tasklet_fusion")
+    model = session.module
+    assert {id(p) for p in model.parameters()} == {id(p) for p in ours.parameters()}
+    losses = {}
+    for name, net in (("torch", reference), ("dcnb", model)):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        losses[name] = []
+        for _ in range(4):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(x), target)
+            loss.backward()
+            opt.step()
+            losses[name].append(loss.item())
+    assert losses["dcnb"][-1] < losses["dcnb"][0]
+    assert losses["dcnb"] == pytest.approx(losses["torch"], rel=1e-4)
+    for p, q in zip(reference.parameters(), ours.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_module_rejects_shapes_it_was_not_built_for(mish_session):
+    with pytest.raises(dcnb.InputError, match=r"compiled as \(2, 4, 16, 16\) float32; got \(3, 4, 16, 16\)"):
+        mish_session.module(torch.rand(3, 4, 16, 16))
+
+
+def test_step_tables_print_outside_jupyter(mish_session):
+    text = str(mish_session)
+    assert "dcnb session: Mish (2x4x16x16) on cpu" in text
+    assert "tasklet_fusion" in text and "vectorization" in text and "interm. MiB" in text
+    report = mish_session.current.as_text()
+    for column in ("Min", "Mean", "Median", "Stdev", "Max", "dcnb", "torch"):
+        assert column in report
+
+
+def test_torch_compile_is_a_baseline():
+    session = dcnb.optimize(TinyMLP(), torch.randn(4, 16), time_budget=0.1)
+    step = session.current
+    assert set(step.timings) == {"dcnb", "torch", "torch_compile"}, step.notes
+    assert step.speedup("torch_compile") > 0

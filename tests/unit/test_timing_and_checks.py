@@ -1,0 +1,65 @@
+"""Pure-Python pieces: timing statistics, the allclose rule, tables, cache keys."""
+
+import math
+
+import torch
+
+from dcnb._src import cache, record, timing, verify
+
+
+def test_interleaved_timing_rotates_and_fits_the_budget():
+    order = []
+    fns = {name: (lambda n=name: order.append(n)) for name in ("a", "b", "c")}
+    result = timing.interleaved(fns, budget_s=0.0, warmup=1, min_runs=6)
+    assert set(result) == {"a", "b", "c"} and all(t.runs == 6 for t in result.values())
+    measured = order[6:]  # after one warm-up round and one calibration round
+    assert measured[:3] == ["a", "b", "c"] and measured[3:6] == ["b", "c", "a"]
+    t = result["a"]
+    assert t.min <= t.median <= t.max and t.stdev >= 0
+
+
+def test_timing_statistics():
+    t = timing.Timing.of([1.0, 2.0, 3.0, 10.0])
+    assert (t.min, t.median, t.max, t.runs) == (1.0, 2.5, 10.0, 4)
+    assert math.isclose(t.mean, 4.0)
+
+
+def test_compare_scales_tolerance_by_magnitude_and_names_the_worst():
+    want = verify.Run({"output": torch.tensor([1000.0, 1.0]), "grad x": torch.tensor([1.0, 2.0])})
+    close = verify.Run({"output": torch.tensor([1000.05, 1.0]), "grad x": torch.tensor([1.0, 2.0])})
+    assert verify.compare(close, want).ok
+    far = verify.Run({"output": torch.tensor([1000.0, 1.0]), "grad x": torch.tensor([1.0, 2.01])})
+    check = verify.compare(far, want)
+    assert not check.ok and check.worst == "grad x"
+    assert check.message.startswith("grad x differs from PyTorch (max abs error 0.01")
+    missing = verify.compare(verify.Run({"output": want.tensors["output"]}), want)
+    assert not missing.ok and missing.worst == "grad x"
+
+
+def test_compare_accepts_nans_in_the_same_places_only():
+    want = verify.Run({"output": torch.tensor([float("nan"), 1.0])})
+    assert verify.compare(verify.Run({"output": torch.tensor([float("nan"), 1.0])}), want).ok
+    assert not verify.compare(verify.Run({"output": torch.tensor([0.0, float("nan")])}), want).ok
+
+
+def test_history_table_lists_failed_steps_with_their_reason():
+    ok = record.Step(0, "naive", {}, None, ok=True, intermediate_bytes=3 << 20, compile_seconds=1.5,
+                     timings={"dcnb": timing.Timing.of([2.0]), "torch": timing.Timing.of([4.0])})
+    failed = record.Step(1, "vectorization", {}, None, ok=False, error="the generated code does not compile: x")
+    lines = record.history_table([ok, failed])
+    assert "3.00" in lines[2] and "2.00x" in lines[2]
+    assert "no" in lines[3] and "does not compile" in lines[3]
+    assert ok.speedup() == 2.0
+
+
+def test_cache_key_depends_on_content_device_and_flags():
+    import dace
+
+    sdfg = dace.SDFG("a")
+    sdfg.add_array("A", [4], dace.float32)
+    base = cache.key(sdfg, "cpu", {"cpu.args": "-O3"})
+    assert base == cache.key(sdfg, "cpu", {"cpu.args": "-O3"})
+    assert base != cache.key(sdfg, "cuda", {"cpu.args": "-O3"})
+    assert base != cache.key(sdfg, "cpu", {"cpu.args": "-O2"})
+    sdfg.add_array("B", [4], dace.float32)
+    assert base != cache.key(sdfg, "cpu", {"cpu.args": "-O3"})
