@@ -1,0 +1,84 @@
+"""Mish forward+backward: PyTorch eager, F.mish, torch.compile, dcnb naive and dcnb's best recipe, timed in one
+interleaved run (medians, ms). ``--json`` prints one JSON line.
+
+    .venv/bin/python benchmarks/mish.py --json [--shape 8x32x224x224]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dcnb
+from dcnb._src import timing
+from dcnb._src.cli import MISH_RECIPE, _shape
+
+
+class Mish(nn.Module):
+    def forward(self, x):
+        return x * torch.tanh(F.softplus(x))
+
+
+class NativeMish(nn.Module):
+    def forward(self, x):
+        return F.mish(x)
+
+
+def forward_backward(fn, x: torch.Tensor, upstream: torch.Tensor):
+    x = x.detach().clone().requires_grad_()
+
+    def call() -> None:
+        fn(x).backward(upstream)
+        x.grad = None
+
+    return call
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", type=_shape, default=(8, 32, 224, 224))
+    parser.add_argument("--budget", type=float, default=10.0, help="seconds for the interleaved timing run")
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    x = torch.rand(*args.shape)
+    naive = dcnb.optimize(Mish(), x, baselines=(), time_budget=0.0)
+    best = dcnb.replay(Mish(), x, recipe=[{"name": n} for n in MISH_RECIPE], baselines=(), time_budget=0.0)
+    upstream = torch.randn(*args.shape)
+    candidates = {
+        "torch_eager": Mish(),
+        "torch_native": NativeMish(),
+        "torch_compile": torch.compile(Mish()),
+        "dcnb_naive": naive.module,
+        "dcnb": best.module,
+    }
+    times = timing.interleaved(
+        {name: forward_backward(fn, x, upstream) for name, fn in candidates.items()}, budget_s=args.budget, warmup=2
+    )
+    result = {f"{name}_ms": round(t.median, 3) for name, t in times.items()}
+    result |= {
+        "allclose": all(s.ok and s.check.ok for s in naive.history + best.history),
+        "intermediate_bytes_naive": naive.current.intermediate_bytes,
+        "intermediate_bytes": best.current.intermediate_bytes,
+        "recipe": list(MISH_RECIPE),
+        "shape": list(args.shape),
+        "runs": times["dcnb"].runs,
+        "device": best.device,
+        "dcnb_vs_torch_eager": round(times["dcnb"].median / times["torch_eager"].median, 3),
+        "dcnb_vs_torch_compile": round(times["dcnb"].median / times["torch_compile"].median, 3),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        width = max(map(len, result))
+        for key, value in result.items():
+            print(f"{key:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()
