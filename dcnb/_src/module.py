@@ -22,8 +22,16 @@ warnings.filterwarnings("ignore", message='Return value "__return', category=Use
 class Runner:
     """Calls a Program's compiled forward and backward with torch tensors."""
 
-    def __init__(self, imported: Imported, program: Program, forward: CompiledSDFG, backward: CompiledSDFG | None):
+    def __init__(
+        self,
+        imported: Imported,
+        program: Program,
+        forward: CompiledSDFG,
+        backward: CompiledSDFG | None,
+        device: str = "cpu",
+    ):
         self.imported = imported
+        self.device = torch.device(device)
         self.program = program
         self.forward_binary = forward
         self.backward_binary = backward
@@ -33,7 +41,7 @@ class Runner:
         self._outputs = [(name, fwd.arrays[name]) for name in imported.outputs]
         given = set(self.names) | set(imported.outputs)
         self._stored = [(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
-        self._constants = _constants(imported, fwd)
+        self._constants = _constants(imported, fwd, self.device)
         if backward is not None:
             bwd = program.backward
             self._grads = [
@@ -41,12 +49,12 @@ class Runner:
                 for name in self.names
             ]
             self._output_grads = [(program.output_grads.get(name), desc) for name, desc in self._outputs]
-            self._bwd_constants = _constants(imported, bwd)
+            self._bwd_constants = _constants(imported, bwd, self.device)
 
     def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         args = {name: t.detach().contiguous() for name, t in zip(self.names, tensors)}
-        outputs = {name: _empty(desc) for name, desc in self._outputs}
-        stored = {name: _empty(desc) for name, desc in self._stored}
+        outputs = {name: self._empty(desc) for name, desc in self._outputs}
+        stored = {name: self._empty(desc) for name, desc in self._stored}
         self.forward_binary(**args, **outputs, **stored, **self._constants)
         saved = {**args, **outputs, **stored}
         return list(outputs.values()), saved
@@ -58,16 +66,22 @@ class Runner:
             if grad_name is not None:
                 shape = _shape(desc)
                 args[grad_name] = (
-                    torch.zeros(shape, dtype=_dtype(desc)) if grad is None else grad.detach().reshape(shape).contiguous()
+                    self._zeros(desc) if grad is None else grad.detach().reshape(shape).contiguous()
                 )
         results = []
         for _, grad_name, desc in self._grads:
             if grad_name is not None:
-                args[grad_name] = torch.zeros(_shape(desc), dtype=_dtype(desc))
+                args[grad_name] = self._zeros(desc)
         self.backward_binary(**args, **self._bwd_constants)
         for name, grad_name, _ in self._grads:
             results.append(None if grad_name is None else args[grad_name])
         return results
+
+    def _empty(self, desc: dt.Data) -> torch.Tensor:
+        return torch.empty(_shape(desc), dtype=_dtype(desc), device=self.device)
+
+    def _zeros(self, desc: dt.Data) -> torch.Tensor:
+        return torch.zeros(_shape(desc), dtype=_dtype(desc), device=self.device)
 
 
 class _Apply(torch.autograd.Function):
@@ -124,12 +138,12 @@ def _resolve(module: nn.Module, path: str):
     return lambda: getattr(owner, attr)
 
 
-def _constants(imported: Imported, sdfg) -> dict:
+def _constants(imported: Imported, sdfg, device: torch.device) -> dict:
     result = {}
     for name, value in imported.constants.items():
         if name in sdfg.arrays and not sdfg.arrays[name].transient:
             desc = sdfg.arrays[name]
-            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else value
+            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else value.to(device)
     return result
 
 
@@ -139,10 +153,6 @@ def _shape(desc: dt.Data) -> tuple[int, ...]:
 
 def _dtype(desc: dt.Data) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=desc.dtype.as_numpy_dtype())).dtype
-
-
-def _empty(desc: dt.Data) -> torch.Tensor:
-    return torch.empty(_shape(desc), dtype=_dtype(desc))
 
 
 def _fmt(shape: tuple[int, ...], dtype: torch.dtype) -> str:
