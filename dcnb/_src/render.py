@@ -121,7 +121,8 @@ def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
     if not timed:
         return ""
     top = max(max(t.median for t in s.timings.values()) for s in timed) * 1.1
-    pad, bar = 30, (width - 40) / len(timed)
+    # a bar is never wider than 60px, so that one step does not fill the chart
+    pad, bar = 30, min((width - 40) / len(timed), 60)
     scale = (height - pad) / top
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '

@@ -232,6 +232,10 @@ export function layoutState(state: StateData, collapsed: Set<string>): Block {
         const block = layoutScope(node.id);
         inner.set(node.id, block);
         g.setNode(node.id, { width: block.width, height: block.height });
+      } else if (node.kind === 'map_entry' && node.id !== scope) {
+        // a collapsed scope also says how many nodes it hides
+        const size = nodeSize(node);
+        g.setNode(node.id, { width: Math.min(size.width + 90, 500), height: size.height });
       } else {
         g.setNode(node.id, nodeSize(node));
       }

@@ -17,6 +17,43 @@ import { BASELINES, chart, HISTORY_HEADER, historyRow, StepData } from './format
 const SVG = 'http://www.w3.org/2000/svg';
 // above this many nodes a picture opens with every map scope collapsed
 export const COLLAPSE_ABOVE = 300;
+// above this many nodes the layout runs in a worker (dagre takes about a second per thousand nodes)
+export const WORKER_ABOVE = 400;
+
+let worker: Worker | null | undefined;
+let requests = 0;
+
+// The layout worker, or null where none can start (the layout then runs here).
+function layoutWorker(): Worker | null {
+  if (worker === undefined) {
+    try {
+      worker = new Worker(new URL('./layout.worker.js', import.meta.url));
+    } catch {
+      worker = null;
+    }
+  }
+  return worker;
+}
+
+// Lay out a picture: in the worker when it is large, here when it is small.
+export function layoutAsync(graph: GraphData, collapsed: Set<string>): Promise<Layout> {
+  const w = countNodes(graph) > WORKER_ABOVE ? layoutWorker() : null;
+  if (!w) {
+    return Promise.resolve(layoutGraph(graph, collapsed));
+  }
+  const id = ++requests;
+  return new Promise((resolve, reject) => {
+    const onMessage = (e: MessageEvent<{ id: number; layout: Layout }>) => {
+      if (e.data.id === id) {
+        w.removeEventListener('message', onMessage);
+        resolve(e.data.layout);
+      }
+    };
+    w.addEventListener('message', onMessage);
+    w.addEventListener('error', reject, { once: true });
+    w.postMessage({ id, graph, collapsed: [...collapsed] });
+  });
+}
 
 export function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -56,6 +93,8 @@ export class GraphView {
   private readonly canvas: SVGSVGElement;
   private readonly root: SVGGElement;
   private readonly details: HTMLDivElement;
+  private readonly notice: HTMLDivElement;
+  private drawn = 0;
   private graph: GraphData | null = null;
   private layout: Layout | null = null;
   private collapsed = new Set<string>();
@@ -69,7 +108,8 @@ export class GraphView {
     this.root = svg('g');
     this.canvas.appendChild(this.root);
     this.details = el('div', 'dcnb-details');
-    this.node.append(this.canvas, this.details);
+    this.notice = el('div', 'dcnb-notice');
+    this.node.append(this.canvas, this.notice, this.details);
     this.canvas.addEventListener('wheel', e => this.onWheel(e), { passive: false });
     this.canvas.addEventListener('mousedown', e => {
       this.drag = { x: e.clientX, y: e.clientY, moved: false };
@@ -126,35 +166,52 @@ export class GraphView {
     this.redraw(false);
   }
 
-  // Fit the picture's width into the visible box, top first; a tall picture keeps its labels readable
-  // (scale 0.75 at least, unless its width needs less) and scrolls by dragging.
-  fit(): void {
+  // Show the whole picture (`overview`), or, as a picture first opens, as much of it as stays readable: the
+  // whole picture where that needs no scale below 0.5, else its top left corner at scale 0.75.
+  fit(overview = true): void {
     if (!this.layout) {
       return;
     }
     const width = this.canvas.clientWidth || 800;
     const height = this.canvas.clientHeight || 480;
-    const across = (width - 20) / Math.max(this.layout.width, 1);
-    const down = (height - 20) / Math.max(this.layout.height, 1);
-    const scale = Math.min(1.2, across, Math.max(down, 0.75));
-    this.view = {
-      scale,
-      x: (width - this.layout.width * scale) / 2,
-      y: Math.max(10, (height - this.layout.height * scale) / 2)
-    };
+    const whole = Math.min(1.2, (width - 20) / Math.max(this.layout.width, 1), (height - 20) / Math.max(this.layout.height, 1));
+    if (overview || whole >= 0.5) {
+      this.view = {
+        scale: whole,
+        x: (width - this.layout.width * whole) / 2,
+        y: Math.max(10, (height - this.layout.height * whole) / 2)
+      };
+    } else {
+      this.view = { scale: 0.75, x: 10, y: 10 };
+    }
     this.applyView();
   }
 
   private redraw(fit: boolean): void {
-    this.root.replaceChildren();
-    this.layout = this.graph ? layoutGraph(this.graph, this.collapsed) : null;
-    if (this.layout) {
-      this.draw(this.layout);
+    const graph = this.graph;
+    const turn = ++this.drawn;
+    if (!graph) {
+      this.root.replaceChildren();
+      this.layout = null;
+      return;
     }
-    if (fit) {
-      // the canvas has its size only once it is attached
-      requestAnimationFrame(() => this.fit());
-    }
+    this.notice.textContent = `laying out ${countNodes(graph)} nodes…`;
+    this.notice.style.display = 'block';
+    void layoutAsync(graph, this.collapsed)
+      .catch(() => layoutGraph(graph, this.collapsed))
+      .then(layout => {
+        if (turn !== this.drawn) {
+          return; // a newer picture or scope change superseded this one
+        }
+        this.notice.style.display = 'none';
+        this.layout = layout;
+        this.root.replaceChildren();
+        this.draw(layout);
+        if (fit) {
+          // the canvas has its size only once it is attached
+          requestAnimationFrame(() => this.fit(false));
+        }
+      });
   }
 
   private draw(layout: Layout): void {
@@ -184,15 +241,16 @@ export class GraphView {
         svg('rect', { class: 'dcnb-scope', x: s.x, y: s.y, width: s.width, height: s.height, rx: 3 })
       );
     }
+    const labels = new LabelSpace();
     for (const e of [...layout.edges, ...layout.interstate]) {
-      this.root.appendChild(this.drawEdge(e, layout.interstate.includes(e)));
+      this.root.appendChild(this.drawEdge(e, layout.interstate.includes(e), labels));
     }
     for (const n of layout.nodes) {
       this.root.appendChild(this.drawNode(n));
     }
   }
 
-  private drawEdge(e: PlacedEdge, interstate: boolean): SVGGElement {
+  private drawEdge(e: PlacedEdge, interstate: boolean, labels: LabelSpace): SVGGElement {
     const g = svg('g', { class: interstate ? 'dcnb-edge dcnb-interstate' : 'dcnb-edge' });
     const d = e.points.map((p, i) => `${i ? 'L' : 'M'} ${p.x.toFixed(1)} ${p.y.toFixed(1)}`).join(' ');
     g.appendChild(svg('path', { d, 'marker-end': 'url(#dcnb-arrow)' }));
@@ -201,9 +259,11 @@ export class GraphView {
       .filter(Boolean)
       .join('\n');
     g.appendChild(title);
-    if (e.labelAt && e.edge.label) {
+    const label = e.edge.volume ? `${e.edge.label} (${e.edge.volume})` : e.edge.label;
+    // a label that would overlap one already drawn is left to the edge's tooltip
+    if (e.labelAt && label && labels.take(e.labelAt.x - 30, e.labelAt.y - 6, label.length * 5.5, 12)) {
       const text = svg('text', { x: e.labelAt.x - 30, y: e.labelAt.y + 4 });
-      text.textContent = e.edge.volume ? `${e.edge.label} (${e.edge.volume})` : e.edge.label;
+      text.textContent = label;
       g.appendChild(text);
     }
     return g;
@@ -216,15 +276,24 @@ export class GraphView {
     g.dataset.label = node.label;
     g.classList.toggle('dcnb-selected', this.selected.has(node.label));
     g.appendChild(shape(p));
-    const text = svg('text', { x: p.x + p.width / 2, y: p.y + p.height / 2 + 4, 'text-anchor': 'middle' });
-    text.textContent = clip(nodeText(node) + (p.hidden ? ` (${p.hidden} inside)` : ''), p.width);
+    // a map entry's label leaves room for its collapse box
+    const shift = node.kind === 'map_entry' ? 12 : 0;
+    const text = svg('text', { x: p.x + p.width / 2 + shift, y: p.y + p.height / 2 + 4, 'text-anchor': 'middle' });
+    text.textContent = clip(nodeText(node) + (p.hidden ? ` (${p.hidden} inside)` : ''), p.width - 2 * shift);
     g.appendChild(text);
     const title = svg('title');
     title.textContent = nodeText(node);
     g.appendChild(title);
     if (node.kind === 'map_entry') {
-      const toggle = svg('text', { x: p.x + 6, y: p.y + p.height - 8, class: 'dcnb-toggle' });
-      toggle.textContent = p.hidden !== undefined ? '[+]' : '[-]';
+      // SDFV's collapse box, in the entry's lower left corner
+      const toggle = svg('g', { class: 'dcnb-toggle' });
+      toggle.appendChild(svg('rect', { x: p.x + 22, y: p.y + 3, width: 14, height: 14, rx: 2 }));
+      const sign = svg('text', { x: p.x + 29, y: p.y + 14, 'text-anchor': 'middle' });
+      sign.textContent = p.hidden !== undefined ? '+' : '−';
+      toggle.appendChild(sign);
+      const tip = svg('title');
+      tip.textContent = p.hidden !== undefined ? 'expand this map scope' : 'collapse this map scope';
+      toggle.appendChild(tip);
       toggle.addEventListener('click', e => {
         e.stopPropagation();
         this.toggle(node.id);
@@ -315,6 +384,33 @@ export class GraphView {
 
   private applyView(): void {
     this.root.setAttribute('transform', `translate(${this.view.x.toFixed(1)} ${this.view.y.toFixed(1)}) scale(${this.view.scale.toFixed(4)})`);
+  }
+}
+
+// Where memlet labels were drawn, in cells of 100px, so that a new one can check for overlaps quickly.
+class LabelSpace {
+  private readonly cells = new Map<string, [number, number, number, number][]>();
+
+  take(x: number, y: number, w: number, h: number): boolean {
+    const keys: string[] = [];
+    for (let cx = Math.floor(x / 100); cx <= Math.floor((x + w) / 100); cx++) {
+      for (let cy = Math.floor(y / 100); cy <= Math.floor((y + h) / 100); cy++) {
+        keys.push(`${cx},${cy}`);
+      }
+    }
+    for (const key of keys) {
+      for (const [bx, by, bw, bh] of this.cells.get(key) ?? []) {
+        if (x < bx + bw && bx < x + w && y < by + bh && by < y + h) {
+          return false;
+        }
+      }
+    }
+    for (const key of keys) {
+      const list = this.cells.get(key) ?? [];
+      list.push([x, y, w, h]);
+      this.cells.set(key, list);
+    }
+    return true;
   }
 }
 

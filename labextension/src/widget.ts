@@ -61,7 +61,7 @@ export class SessionView extends DOMWidgetView {
     }
     bar.appendChild(el('span', 'dcnb-spacer'));
     for (const [label, tip, fn] of [
-      ['Fit', 'fit the graph into the view', () => this.graphView.fit()],
+      ['Fit', 'show the whole graph', () => this.graphView.fit()],
       ['Collapse all', 'collapse every map scope', () => this.graphView.collapseAll(true)],
       ['Expand all', 'expand every map scope', () => this.graphView.collapseAll(false)]
     ] as [string, string, () => void][]) {

@@ -103,3 +103,30 @@ def test_the_static_view_shows_graphs_and_tables(session):
     bundle = SessionWidget(session)._repr_mimebundle_()
     assert {"text/plain", "text/html", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
     assert bundle["application/vnd.dcnb.session+json"]["model_id"] == bundle["application/vnd.jupyter.widget-view+json"]["model_id"]
+
+
+def test_a_step_that_does_not_compile_keeps_its_log_for_the_view(session):
+    from dace import dtypes
+    from dace.properties import CodeBlock
+    from dace.sdfg import nodes
+
+    from dcnb._src import steps
+
+    def break_cpp(sdfg, where, options, device):
+        if any(name.startswith("gradient_") for name in sdfg.arrays):
+            return 0
+        tasklet = next(n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.Tasklet))
+        tasklet.code = CodeBlock("this is not C++;", dtypes.Language.CPP)
+        return 1
+
+    steps.register(steps.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, break_cpp))
+    try:
+        w = SessionWidget(session)
+        before = w.graphs
+        _request(w, event="apply", name="bad_code")
+    finally:
+        del steps.REGISTRY["bad_code"]
+    failed = w.steps[-1]
+    assert not failed["ok"] and "does not compile" in failed["error"]
+    assert "this is not C++" in failed["log"]
+    assert w.graphs == before

@@ -32,6 +32,21 @@ w.graphs = g
 w.title = Evil.__name__
 w.message = {PAYLOAD!r}
 w""",
+    # a picture of thousands of nodes (twenty copies of the backward's states) is laid out off the main thread
+    """big = SessionWidget(mish_opt, variable="big")
+g = dict(big.graphs)
+states = g["backward"]["states"]
+copies = []
+for i in range(20):
+    rename = lambda name, i=i: name and f"c{i}{name}"
+    for s in states:
+        copies.append(dict(s, id=rename(s["id"]),
+            nodes=[dict(n, id=rename(n["id"]), scope=rename(n["scope"]), exit=rename(n.get("exit"))) for n in s["nodes"]],
+            edges=[dict(e, src=rename(e["src"]), dst=rename(e["dst"])) for e in s["edges"]]))
+chain = [{"src": a["id"], "dst": b["id"], "label": ""} for a, b in zip(copies, copies[1:])]
+g["backward"] = dict(g["backward"], states=copies, interstate=chain)
+big.graphs = g
+big""",
 ]
 
 
@@ -103,6 +118,16 @@ def test_run_the_magic_see_the_graph_click_a_step(lab, browser, page, artifacts)
     assert page.locator(".dcnb-session img").count() == 0 and dialogs == []
     evil.screenshot(path=str(artifacts / "ui-escaped.png"))
 
+    # the large picture: drawn with its scopes collapsed, laid out in the worker
+    big = page.locator(".dcnb-session").nth(2)
+    big.locator("button[data-tab=backward]").click()
+    expect(big.locator(".dcnb-node.dcnb-map_entry").first).to_be_visible(timeout=60_000)
+    expect(big.locator(".dcnb-notice")).to_be_hidden()
+    assert big.locator(".dcnb-node").count() > 20 * 5 and big.locator(".dcnb-node.dcnb-tasklet").count() == 0
+    big.locator(".dcnb-toggle").first.click()  # expand one scope: its tasklet appears
+    expect(big.locator(".dcnb-node.dcnb-tasklet").first).to_be_visible(timeout=60_000)
+    big.screenshot(path=str(artifacts / "ui-large.png"))
+
     # saved, the notebook carries the static rendering of the current state, for readers without a kernel
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_timeout(1500)
@@ -111,6 +136,23 @@ def test_run_the_magic_see_the_graph_click_a_step(lab, browser, page, artifacts)
         next(o["data"]["text/html"] for o in saved["cells"][1]["outputs"] if "text/html" in o.get("data", {}))
     )
     assert "tasklet_fusion" in html and html.count("data:image/svg+xml") == 2
+    # a reader whose kernel is gone (here: a fresh kernel, which holds no widgets) sees the static rendering
+    import urllib.request
+
+    def call(method, path):
+        request = urllib.request.Request(f"{base}{path}?token={TOKEN}", method=method)
+        with urllib.request.urlopen(request) as answer:
+            return json.loads(answer.read() or b"null")
+
+    for live in call("GET", "/api/sessions"):
+        call("DELETE", f"/api/sessions/{live['id']}")
+    page.reload()
+    output = page.locator(".dcnb-output").first
+    expect(output.locator(".dcnb-static-output img").first).to_be_visible(timeout=60_000)
+    assert page.locator(".dcnb-session").count() == 0
+    assert "tasklet_fusion" in output.locator(".dcnb-history").inner_text()
+    output.screenshot(path=str(artifacts / "ui-without-kernel.png"))
+
     exported = subprocess.run(
         [sys.executable, "-m", "nbconvert", "--to", "html", str(folder / "mish.ipynb"), "--output-dir", str(artifacts)],
         capture_output=True, text=True, timeout=120,
