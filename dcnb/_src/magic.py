@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from torch import nn
 
@@ -27,9 +27,9 @@ from .record import BASELINES
 @magics_class
 class DcnbMagics(Magics):
     @magic_arguments()
-    @argument("--inputs", metavar="EXPR", help="example inputs: a tensor or a tuple of tensors (their shapes are compiled in)")
+    @argument("--inputs", metavar="EXPR", nargs="+", help="example inputs: a tensor or a tuple of tensors (their shapes are compiled in)")
     @argument("--class", dest="cls", metavar="NAME", help="the nn.Module class to optimize, if the cell defines several")
-    @argument("--args", metavar="EXPR", default="", help="constructor arguments, as in a call: '16, bias=False'")
+    @argument("--args", metavar="EXPR", nargs="+", default=[], help="constructor arguments, as in a call: '16, bias=False'")
     @argument("--no-backward", action="store_true", help="build the forward pass only")
     @argument("--training", action="store_true", help="optimize the module in training mode (dropout, batch norm)")
     @argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to compile and run")
@@ -51,9 +51,10 @@ class DcnbMagics(Magics):
         session's widget and binds the session to a variable (``--as``; default: the class name in snake case
         with ``_opt``, e.g. ``mish_opt``).
         """
-        args = parse_argstring(self.dcoptimize, line)
-        for key in ("inputs", "cls", "args", "recipe", "variable", "baselines"):
-            setattr(args, key, _unquote(getattr(args, key)))
+        args = self.dcoptimize.parser.parse_args(_split(line))
+        # an expression may have spaced out into several arguments
+        args.inputs = None if args.inputs is None else " ".join(args.inputs)
+        args.args = " ".join(args.args)
         shell = self.shell
         before = dict(shell.user_ns)
         result = shell.run_cell(cell)
@@ -219,11 +220,30 @@ def _recipe(path: str) -> list[dict[str, Any]]:
     return recipe
 
 
-def _unquote(text: str | None) -> str | None:
-    """IPython keeps the quotes around an argument ('--inputs "torch.rand(2, 8)"'); an expression does not."""
-    if text is not None and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
+def _split(line: str) -> list[str]:
+    """The magic's line as arguments: whitespace separates them except inside quotes or brackets, so that
+    ``--inputs torch.rand(2, 8)`` is one expression; quotes around a whole argument are dropped."""
+    tokens: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
+    for ch in line:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)
+        elif ch.isspace() and depth == 0:
+            if current:
+                tokens.append("".join(current))
+                current = []
+            continue
+        current.append(ch)
+    if current:
+        tokens.append("".join(current))
+    return [t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t for t in tokens]
 
 
 def _snake(name: str) -> str:

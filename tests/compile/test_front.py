@@ -130,3 +130,12 @@ def test_a_step_that_does_not_compile_keeps_its_log_for_the_view(session):
     assert not failed["ok"] and "does not compile" in failed["error"]
     assert "this is not C++" in failed["log"]
     assert w.graphs == before
+
+
+def test_the_magic_builds_the_forward_only(ip):
+    # builds [forward, None]: the build must take a missing backward (a fix in build.py)
+    ip.run_cell_magic("dcoptimize", f"{FAST} --no-backward --as forward_only", MISH_CELL)
+    session = ip.user_ns["forward_only"]
+    assert session.backward_sdfg is None and session.current.ok
+    assert set(session.current.check.errors) == {"output"}
+    assert SessionWidget(session).graphs["backward"] is None

@@ -5,7 +5,7 @@ import json
 import pytest
 from IPython.core.error import UsageError
 
-from dcnb._src.magic import _snake
+from dcnb._src.magic import _snake, _split
 
 MODULE = """
 import torch
@@ -88,3 +88,14 @@ def test_variable_names_are_snake_case():
     assert _snake("Mish") == "mish"
     assert _snake("TinyMLP") == "tiny_mlp"
     assert _snake("BERTLayerNorm2d") == "bert_layer_norm2d"
+
+
+def test_expressions_may_hold_spaces_or_quotes(ip):
+    assert _split("--inputs torch.rand(2, 8) --args 'a b', c=[1, 2]  --as x") == [
+        "--inputs", "torch.rand(2, 8)", "--args", "'a b',", "c=[1, 2]", "--as", "x"
+    ]
+    assert _split('--inputs "torch.rand(2, 8)" --baselines \'\'') == ["--inputs", "torch.rand(2, 8)", "--baselines", ""]
+    cell = "class Scaled(nn.Module):\n    def __init__(self, a, b=1):\n        super().__init__()\n        assert b == 3\n"
+    # the constructor runs with both arguments, then the module has no forward: the eager run names that
+    message = run(ip, "--inputs torch.rand(2), torch.rand(3) --args 2, b=3", cell)
+    assert message.startswith("Scaled: running Scaled on the example inputs failed")
