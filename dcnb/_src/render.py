@@ -50,8 +50,10 @@ def to_html(session: Session) -> str:
         if sdfg is None:
             continue
         picture = graphs.describe(sdfg)
+        parts.append(f"<div class='dcnb-static-graph'>")
         parts.append(f"<h5 style='margin: 8px 0 4px'>{title}: {_e(sdfg.name)} ({graphs.size(picture)} nodes)</h5>")
         parts.append(graph_img(picture))
+        parts.append("</div>")
     parts.append("</div>")
     return "\n".join(parts)
 

@@ -177,5 +177,6 @@ class SessionWidget(ipywidgets.DOMWidget):
         bundle = super()._repr_mimebundle_(**kwargs) or {}
         bundle["text/plain"] = self.session.as_text()
         bundle["text/html"] = render.to_html(self.session)
-        bundle[SESSION_MIME] = {"model_id": self.model_id, "version": VERSION}
+        # the pictures too: without the kernel, dcnb's extension draws them (pan, zoom, details) in place of the SVGs
+        bundle[SESSION_MIME] = {"model_id": self.model_id, "version": VERSION, "graphs": self.graphs}
         return bundle

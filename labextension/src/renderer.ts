@@ -5,6 +5,9 @@ import { MimeModel, IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Panel, Widget } from '@lumino/widgets';
 
+import { GraphData } from './layout';
+import { el, GraphView } from './view';
+
 export const SESSION_MIME = 'application/vnd.dcnb.session+json';
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
 // ahead of the widget renderer (-10), so that the output's update does not rebuild the live view
@@ -12,7 +15,7 @@ export const RANK = -20;
 
 export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
   private modelId = '';
-  private static_: IRenderMime.IRenderer | null = null;
+  private static_: Panel | null = null;
   private live: IRenderMime.IRenderer | null = null;
   private observer: MutationObserver | null = null;
   private pending: { modelId: string; trusted: boolean } | null = null;
@@ -86,11 +89,19 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
     if (html === undefined) {
       return;
     }
+    const box = new Panel();
+    this.static_ = box;
+    this.addWidget(box);
+    const graphs = (model.data[SESSION_MIME] as { graphs?: Record<string, GraphData | null> } | undefined)?.graphs;
+    if (graphs?.forward) {
+      // the pictures, drawn as the live widget draws them (in place of the static SVGs)
+      box.addWidget(new Widget({ node: kernelFreeGraphs(graphs) }));
+      box.addClass('dcnb-has-graphs');
+    }
     // the text/html renderer sanitizes the markup of untrusted notebooks
     const renderer = this.rendermime.createRenderer('text/html');
     renderer.addClass('dcnb-static-output');
-    this.static_ = renderer;
-    this.addWidget(renderer);
+    box.addWidget(renderer);
     await renderer.renderModel(new MimeModel({ data: { 'text/html': html }, trusted: model.trusted }));
   }
 
@@ -123,4 +134,28 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
     this.observer?.disconnect();
     super.dispose();
   }
+}
+
+// Forward / Backward tabs over a graph view: what a reader without the kernel can still explore.
+function kernelFreeGraphs(graphs: Record<string, GraphData | null>): HTMLDivElement {
+  const box = el('div', 'dcnb-session dcnb-kernel-free');
+  const bar = el('div', 'dcnb-tabs');
+  const view = new GraphView({ onSelect: () => undefined });
+  const tabs: HTMLButtonElement[] = [];
+  for (const name of ['forward', 'backward']) {
+    const graph = graphs[name];
+    const tab = el('button', 'dcnb-tab', name === 'forward' ? 'Forward' : 'Backward');
+    tab.dataset.tab = name;
+    tab.disabled = !graph;
+    tab.addEventListener('click', () => {
+      tabs.forEach(t => t.classList.toggle('dcnb-active', t === tab));
+      view.setGraph(graph ?? null, []);
+    });
+    tabs.push(tab);
+    bar.appendChild(tab);
+  }
+  bar.appendChild(el('span', 'dcnb-note', ' the graphs as saved (no kernel: actions need the kernel)'));
+  box.append(bar, view.node);
+  tabs[0].click();
+  return box;
 }
