@@ -1,5 +1,7 @@
 """dcnb: optimize PyTorch modules step by step with DaCe, checked against PyTorch at every step."""
 
+# first, so that nothing imports DaCe before it: DaCe shows a 7 MB script in the notebook that imports it
+from dcnb._src import quiet_dace as _quiet_dace  # noqa: F401
 from dcnb._src.errors import CompileError as CompileError
 from dcnb._src.errors import DcnbError as DcnbError
 from dcnb._src.errors import InputError as InputError

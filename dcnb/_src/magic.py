@@ -20,6 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from torch import nn
 
+from . import formatters
 from .errors import CompileError, DcnbError
 from .record import BASELINES
 
@@ -264,3 +265,4 @@ def _show_log(log: str) -> None:
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(DcnbMagics)
+    formatters.register(ipython)

@@ -1,0 +1,16 @@
+"""Import DaCe without the script it shows in notebooks.
+
+Imported inside a Jupyter kernel, ``dace`` displays its SDFG viewer's script as an output of the importing cell:
+the whole viewer (7 MB) inlined into the notebook when the machine is offline. dcnb draws SDFGs itself (render.py
+and the JupyterLab extension), so the import runs with displays captured and saved notebooks stay small.
+"""
+
+from __future__ import annotations
+
+try:
+    from IPython.utils.capture import capture_output
+except ImportError:  # no IPython: nothing is displayed anyway
+    import dace  # noqa: F401
+else:
+    with capture_output(stdout=False, stderr=False, display=True):
+        import dace  # noqa: F401
