@@ -5,7 +5,7 @@ setup:
 	@./scripts/setup.sh
 
 mish: setup
-	.venv/bin/dcnb demo
+	.venv/bin/dcnb run notebooks/mish.ipynb --out out
 
 test: setup
 	.venv/bin/python -m pytest
