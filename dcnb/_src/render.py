@@ -20,7 +20,11 @@ from .session import Session
 
 #: above this many nodes the static picture draws each outermost map as one box
 COLLAPSE_ABOVE = 250
+#: above this many nodes a picture is shown at its own size, in a box that scrolls
+SCROLL_ABOVE = 60
 BASELINE_NAMES = {"dcnb": "dcnb", "torch": "torch eager", "torch_compile": "torch.compile"}
+# text columns read left-aligned (notebook styles right-align every cell)
+_LEFT = " style='text-align: left'"
 
 # SDFV's shapes and colours: access nodes are ellipses, tasklets octagons, map entries and exits trapezoids,
 # library nodes boxes, nested SDFGs double boxes
@@ -46,14 +50,17 @@ def to_html(session: Session) -> str:
         history_html(session.history, current.index),
         chart_svg(session.history),
     ]
+    # forward and backward side by side where the page is wide enough, as a reader compares them
+    parts.append("<div style='display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start'>")
     for title, sdfg in (("Forward SDFG", session.forward_sdfg), ("Backward SDFG", session.backward_sdfg)):
         if sdfg is None:
             continue
         picture = graphs.describe(sdfg)
-        parts.append(f"<div class='dcnb-static-graph'>")
+        parts.append("<div class='dcnb-static-graph' style='flex: 1 1 0; min-width: 320px'>")
         parts.append(f"<h5 style='margin: 8px 0 4px'>{title}: {_e(sdfg.name)} ({graphs.size(picture)} nodes)</h5>")
         parts.append(graph_img(picture))
         parts.append("</div>")
+    parts.append("</div>")
     parts.append("</div>")
     return "\n".join(parts)
 
@@ -91,7 +98,7 @@ def timing_html(step: Step) -> str:
 
 def history_html(steps: list[Step], current: int | None = None) -> str:
     head = "".join(
-        f"<th>{h}</th>"
+        f"<th{_LEFT if h == 'step' else ''}>{h}</th>"
         for h in ("#", "step", "ok", "max abs err", "interm. MiB", "compile s", "dcnb ms", "torch ms",
                   "torch.compile ms", "vs torch")
     )
@@ -100,7 +107,8 @@ def history_html(steps: list[Step], current: int | None = None) -> str:
         mark = " style='font-weight: bold'" if s.index == current else ""
         if not s.ok:
             rows.append(
-                f"<tr{mark}><td>{s.index}</td><td>{_e(s.title)}</td><td>no</td><td colspan='7'>{_e(s.error or '')}</td></tr>"
+                f"<tr{mark}><td>{s.index}</td><td{_LEFT}>{_e(s.title)}</td><td>no</td>"
+                f"<td colspan='7'{_LEFT}>{_e(s.error or '')}</td></tr>"
             )
             continue
         cells = [
@@ -113,7 +121,7 @@ def history_html(steps: list[Step], current: int | None = None) -> str:
             *(_num(s.timings[n].median if n in s.timings else None, "{:.3f}") for n in ("dcnb", "torch", "torch_compile")),
             _num(s.speedup(), "{:.2f}x"),
         ]
-        rows.append(f"<tr{mark}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        rows.append(f"<tr{mark}>" + "".join(f"<td{_LEFT if i == 1 else ''}>{c}</td>" for i, c in enumerate(cells)) + "</tr>")
     return f"<table class='dcnb-history'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -160,7 +168,13 @@ def graph_img(picture: dict[str, Any]) -> str:
     if svg is None:
         return "<p><i>(install Graphviz to see the graph here)</i></p>"
     data = base64.b64encode(svg.encode()).decode()
-    return f'<img alt="{_e(picture["name"])}" style="max-width: 100%" src="data:image/svg+xml;base64,{data}"/>'
+    if graphs.size(picture) <= SCROLL_ABOVE:
+        return f'<img alt="{_e(picture["name"])}" style="max-width: 100%" src="data:image/svg+xml;base64,{data}"/>'
+    # shrunk to the page, a large graph is a thumbnail nobody can read: it keeps its size in a box that scrolls
+    return (
+        "<div style='max-height: 720px; overflow: auto; border: 1px solid #c8d0e0'>"
+        f'<img alt="{_e(picture["name"])}" style="max-width: none" src="data:image/svg+xml;base64,{data}"/></div>'
+    )
 
 
 def to_svg(picture: dict[str, Any]) -> str | None:
