@@ -79,6 +79,8 @@ def _prepare(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> tuple[dace.
     sdfg = copy.deepcopy(sdfg)
     if device == "cuda" and _has_host_maps(sdfg):
         sdfg.apply_gpu_transformations()
+    if device == "cpu":
+        vecmath.install(sdfg)
     key = cache.key(sdfg, device, flags)
     base = re.sub(r"_[0-9a-f]{16}$", "", sdfg.name)
     sdfg.name = f"{base}_{key[:16]}"
