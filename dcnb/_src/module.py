@@ -44,7 +44,7 @@ class Runner:
             self._bwd_constants = _constants(imported, bwd)
 
     def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-        args = {name: t.detach().contiguous() for name, t in zip(self.names, tensors)}
+        args = {name: _ready(t) for name, t in zip(self.names, tensors)}
         outputs = {name: _empty(desc) for name, desc in self._outputs}
         stored = {name: _empty(desc) for name, desc in self._stored}
         self.forward_binary(**args, **outputs, **stored, **self._constants)
@@ -58,7 +58,7 @@ class Runner:
             if grad_name is not None:
                 shape = _shape(desc)
                 args[grad_name] = (
-                    torch.zeros(shape, dtype=_dtype(desc)) if grad is None else grad.detach().reshape(shape).contiguous()
+                    torch.zeros(shape, dtype=_dtype(desc)) if grad is None else _ready(grad.reshape(shape))
                 )
         results = []
         for _, grad_name, desc in self._grads:
@@ -129,8 +129,15 @@ def _constants(imported: Imported, sdfg) -> dict:
     for name, value in imported.constants.items():
         if name in sdfg.arrays and not sdfg.arrays[name].transient:
             desc = sdfg.arrays[name]
-            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else value
+            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else _ready(value)
     return result
+
+
+def _ready(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor whose data starts on a 64-byte boundary: vectorized code loads whole aligned vectors,
+    and a view into a larger tensor (x[1:]) may start anywhere."""
+    t = t.detach().contiguous()
+    return t if t.data_ptr() % 64 == 0 else t.clone()
 
 
 def _shape(desc: dt.Data) -> tuple[int, ...]:
