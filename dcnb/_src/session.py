@@ -217,7 +217,7 @@ class Session:
             backward=copy.deepcopy(state.program.backward),
         )
         count = sum(_run(action, s, applied, self.device) for s in (prog.forward, prog.backward) if s is not None)
-        check(count, f"{applied.name} matches nothing in the forward or backward SDFG")
+        check(count, f"{applied.name} matches nothing in the forward or backward SDFG{_why_not(action, prog, applied)}")
         return self._finish(state.pre, prog, (*state.applied, applied), index, count)
 
     def _make_state(
@@ -343,6 +343,13 @@ def _run(action: steps.Action, sdfg: dace.SDFG, applied: _Applied, device: str, 
         if not strict and action.count(sdfg, applied.where, applied.options) == 0:
             return 0
         return action.run(sdfg, applied.where, applied.options, device)
+
+
+def _why_not(action: steps.Action, prog: program.Program, applied: _Applied) -> str:
+    if action.why_not is None:
+        return ""
+    reasons = [r for s in (prog.forward, prog.backward) if s is not None for r in action.why_not(s, applied.where, applied.options)]
+    return f" ({'; '.join(reasons)})" if reasons else ""
 
 
 def _safe_count(action: steps.Action, sdfg: dace.SDFG, where, options) -> int:

@@ -29,7 +29,7 @@ from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import vecmath
+from . import algebra, vecmath
 from .errors import check
 
 Where = Collection[str] | None
@@ -48,6 +48,8 @@ class Action:
     run: Callable[[dace.SDFG, Where, dict, str], int]
     #: devices ("cpu", "cuda") the action is offered on
     devices: tuple[str, ...] = ("cpu", "cuda")
+    #: why_not(sdfg, where, options) -> reasons the action left candidate places alone (for "matches nothing")
+    why_not: Callable[[dace.SDFG, Where, dict], list[str]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +292,21 @@ register(
         before_autodiff=False,
         count=lambda sdfg, where, options: sum(1 for _ in _vectorizable(sdfg, where, options)),
         run=_vectorize,
+    )
+)
+
+
+# --- algebra ----------------------------------------------------------------------------------------------------
+
+register(
+    Action(
+        "simplify_algebra",
+        "Rewrite tasklets (best after tasklet_fusion) into equivalent forms with fewer transcendental calls, e.g. "
+        "Mish and its derivative with one exp; each rewrite is checked against float64 over a wide input range.",
+        before_autodiff=False,
+        count=algebra.count,
+        run=lambda sdfg, where, options, device: algebra.apply(sdfg, where, options),
+        why_not=algebra.reasons,
     )
 )
 
