@@ -10,9 +10,10 @@ from dace import data as dt
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from torch import nn
 
+from . import memory
 from .errors import InputError
 from .frontend import Imported
-from .program import Program
+from .program import Program, overwritten
 
 
 # we pass output arrays ourselves, which DaCe notes on every first call of a binary
@@ -41,6 +42,8 @@ class Runner:
                 for name in self.names
             ]
             self._output_grads = [(program.output_grads.get(name), desc) for name, desc in self._outputs]
+            # gradients the backward accumulates into must start at zero; those it overwrites need not
+            self._accumulated = {g for _, g, _ in self._grads if g is not None and not overwritten(bwd, g)}
             self._bwd_constants = _constants(imported, bwd)
 
     def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
@@ -58,12 +61,13 @@ class Runner:
             if grad_name is not None:
                 shape = _shape(desc)
                 args[grad_name] = (
-                    torch.zeros(shape, dtype=_dtype(desc)) if grad is None else _ready(grad.reshape(shape))
+                    memory.zeros(shape, _dtype(desc)) if grad is None else _ready(grad.reshape(shape))
                 )
         results = []
         for _, grad_name, desc in self._grads:
             if grad_name is not None:
-                args[grad_name] = torch.zeros(_shape(desc), dtype=_dtype(desc))
+                fresh = memory.zeros if grad_name in self._accumulated else memory.empty
+                args[grad_name] = fresh(_shape(desc), _dtype(desc))
         self.backward_binary(**args, **self._bwd_constants)
         for name, grad_name, _ in self._grads:
             results.append(None if grad_name is None else args[grad_name])
@@ -149,7 +153,7 @@ def _dtype(desc: dt.Data) -> torch.dtype:
 
 
 def _empty(desc: dt.Data) -> torch.Tensor:
-    return torch.empty(_shape(desc), dtype=_dtype(desc))
+    return memory.empty(_shape(desc), _dtype(desc))
 
 
 def _fmt(shape: tuple[int, ...], dtype: torch.dtype) -> str:
