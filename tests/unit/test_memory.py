@@ -1,4 +1,4 @@
-"""Fresh output tensors: large ones are backed by transparent huge pages where the kernel offers them."""
+"""Output buffers: large ones are reused once PyTorch lets go of them, and fresh ones get huge pages."""
 
 import pathlib
 
@@ -8,6 +8,7 @@ import torch
 from dcnb._src import memory
 
 THP = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+BIG = (8, 1 << 20)  # 32 MiB of float32
 
 
 def _huge_kib(address: int) -> int:
@@ -23,14 +24,31 @@ def _huge_kib(address: int) -> int:
     return huge
 
 
+def test_a_released_buffer_is_reused_and_one_in_use_is_not():
+    first = memory.empty(BIG, torch.float32)
+    address = first.data_ptr()
+    view = first[3]  # a view keeps the memory in use
+    del first
+    second = memory.empty(BIG, torch.float32)
+    assert second.data_ptr() != address and second.data_ptr() % 64 == 0
+    del view
+    third = memory.empty(BIG, torch.float32)
+    assert third.data_ptr() == address
+    third.fill_(2.0)
+    del third
+    assert memory.empty(BIG, torch.float64).dtype == torch.float64  # another key, another buffer
+
+
+def test_beyond_the_pool_tensors_are_fresh_and_small_ones_plain():
+    held = [memory.empty(BIG, torch.float32) for _ in range(memory.PER_SHAPE + 2)]
+    assert len({t.data_ptr() for t in held}) == len(held)
+    assert memory.empty((3, 4), torch.float64).shape == (3, 4)
+    assert torch.count_nonzero(memory.zeros(BIG, torch.float32)) == 0
+
+
 @pytest.mark.skipif(not THP.is_file() or "[never]" in THP.read_text(), reason="the kernel offers no huge pages here")
-def test_large_outputs_get_huge_pages():
-    tensor = memory.empty((16, 1 << 20), torch.float32)  # 64 MiB
-    tensor.fill_(1.0)
-    assert _huge_kib(tensor.data_ptr() + tensor.numel() * 2) >= 2048
-
-
-def test_small_outputs_and_zeros_are_plain_tensors():
-    small = memory.empty((3, 4), torch.float64)
-    assert small.shape == (3, 4) and small.dtype == torch.float64
-    assert torch.count_nonzero(memory.zeros((1 << 21,), torch.float32)) == 0
+def test_fresh_large_buffers_get_huge_pages():
+    tensors = [memory.empty((16, 1 << 20), torch.float32) for _ in range(memory.PER_SHAPE + 1)]  # pooled and not
+    for tensor in tensors:
+        tensor.fill_(1.0)
+        assert _huge_kib(tensor.data_ptr() + tensor.numel() * 2) >= 2048
