@@ -16,7 +16,7 @@ from dace.codegen.exceptions import CompilationError, CompilerConfigurationError
 from dace.config import Config, temporary_config
 from dace.sdfg import nodes
 
-from . import cache, events, vecmath
+from . import cache, events, schedule, vecmath
 from .errors import CompileError
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
@@ -81,6 +81,7 @@ def _prepare(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> tuple[dace.
         sdfg.apply_gpu_transformations()
     if device == "cpu":
         vecmath.install(sdfg)
+        schedule.apply(sdfg)
     key = cache.key(sdfg, device, flags)
     base = re.sub(r"_[0-9a-f]{16}$", "", sdfg.name)
     sdfg.name = f"{base}_{key[:16]}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import pathlib
 import sys
 import threading
@@ -93,7 +94,7 @@ _POOL = _Pool()
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized tensor: from the pool when large, else torch.empty."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes >= THRESHOLD:
         pooled = _POOL.take(shape, dtype)
         if pooled is not None:
