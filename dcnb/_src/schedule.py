@@ -1,6 +1,6 @@
 """How generated CPU code shares maps among threads: a policy each CPU build applies to the SDFG it compiles.
 
-- A map with fewer than GRAIN iterations runs on one thread. Starting an OpenMP parallel region costs
+- A map with fewer than GRAIN iterations and no loops inside runs on one thread. Starting an OpenMP parallel region costs
   microseconds on an idle machine and milliseconds on a busy one: more than such a map's work. (PyTorch's
   intra-op threshold is the same 32768 elements.)
 - A parallel map whose outermost dimension has too few iterations to share out evenly among the threads is
@@ -41,7 +41,7 @@ def apply(sdfg: dace.SDFG) -> None:
         total = 1
         for s in sizes:
             total *= s
-        if total < GRAIN:
+        if total < GRAIN and not _has_inner_work(state, node):
             node.map.schedule = dace.ScheduleType.Sequential
             continue
         node.map.schedule = dace.ScheduleType.CPU_Multicore
@@ -50,6 +50,14 @@ def apply(sdfg: dace.SDFG) -> None:
             iterations *= sizes[collapse]
             collapse += 1
         node.map.collapse = collapse
+
+
+def _has_inner_work(state: dace.SDFGState, entry: nodes.MapEntry) -> bool:
+    """Whether a map's body holds loops of its own (nested maps or SDFGs): its iterations are not small."""
+    return any(
+        isinstance(n, (nodes.MapEntry, nodes.NestedSDFG, nodes.LibraryNode))
+        for n in state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
+    )
 
 
 def _extent(rng) -> int | None:

@@ -29,7 +29,7 @@ from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import algebra, vecmath
+from . import algebra, rows, vecmath
 from .errors import check
 
 Where = Collection[str] | None
@@ -307,6 +307,20 @@ register(
         count=algebra.count,
         run=lambda sdfg, where, options, device: algebra.apply(sdfg, where, options),
         why_not=algebra.reasons,
+    )
+)
+
+
+# --- rows -------------------------------------------------------------------------------------------------------
+
+register(
+    Action(
+        "fuse_rows",
+        "Expand library nodes (softmax, norms, reductions without atomics) and fuse all maps over the same rows "
+        "into one parallel map with sequential loops inside, in the forward and the backward.",
+        before_autodiff=False,
+        count=rows.count,
+        run=lambda sdfg, where, options, device: rows.apply(sdfg, where, options),
     )
 )
 
