@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dcnb
-from dcnb._src import timing
+from dcnb._src import memory, timing
 from dcnb._src.cli import MISH_RECIPE, _shape
 
 
@@ -51,7 +51,14 @@ def main() -> None:
     parser.add_argument("--shape", type=_shape, default=(8, 32, 224, 224))
     parser.add_argument("--budget", type=float, default=30.0, help="seconds for the interleaved timing run")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--ablate", action="store_true", help="also time the recipe without each of its last steps")
+    parser.add_argument("--no-pool", action="store_true", help="fresh output buffers every call (no reuse)")
+    parser.add_argument("--no-hugepages", action="store_true", help="no huge-page advice for fresh buffers")
     args = parser.parse_args()
+    if args.no_pool:
+        memory.PER_SHAPE = 0
+    if args.no_hugepages:
+        memory._madvise = lambda: None
 
     torch.manual_seed(0)
     x = torch.rand(*args.shape)
@@ -66,6 +73,10 @@ def main() -> None:
         "dcnb_naive": naive.module,
         "dcnb": best.module,
     }
+    if args.ablate:
+        for left_out in ("simplify_algebra", "vectorization"):
+            recipe = [{"name": n} for n in MISH_RECIPE if n != left_out]
+            candidates[f"dcnb_without_{left_out}"] = dcnb.replay(Mish(), x, recipe=recipe, baselines=(), time_budget=0.0).module
     calls = {name: forward_backward(fn, x, upstream) for name, fn in candidates.items()}
     calls["copy"] = lambda: target.copy_(x)
     times = timing.interleaved(calls, budget_s=args.budget, warmup=2)
@@ -79,6 +90,8 @@ def main() -> None:
         "recipe": list(MISH_RECIPE),
         "shape": list(args.shape),
         "runs": times["dcnb"].runs,
+        "pool": not args.no_pool,
+        "hugepages": not args.no_hugepages,
         "device": best.device,
         "dcnb_vs_torch_eager": round(times["dcnb"].median / times["torch_eager"].median, 3),
         "dcnb_vs_torch_compile": round(times["dcnb"].median / times["torch_compile"].median, 3),
