@@ -14,9 +14,8 @@ from dace.codegen import codegen, compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.codegen.exceptions import CompilationError, CompilerConfigurationError
 from dace.config import Config, temporary_config
-from dace.sdfg import nodes
 
-from . import cache, events, schedule, vecmath
+from . import cache, events, program, schedule, vecmath
 from .errors import CompileError
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
@@ -38,7 +37,7 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
         warnings.simplefilter("ignore")
         _configure(device)
         flags = _flags()
-        prepared = [None if s is None else _prepare(s, device, flags) for s in sdfgs]
+        prepared = [(None, None) if s is None else _prepare(s, device, flags) for s in sdfgs]
         todo = [(s, k) for s, k in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
         folders = {k: _generate(s, k) for s, k in todo}
         if todo:
@@ -77,8 +76,8 @@ def _flags() -> dict[str, str]:
 
 def _prepare(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> tuple[dace.SDFG, str]:
     sdfg = copy.deepcopy(sdfg)
-    if device == "cuda" and _has_host_maps(sdfg):
-        sdfg.apply_gpu_transformations()
+    if device == "cuda" and program.host_maps(sdfg):
+        program.to_gpu(sdfg)
     if device == "cpu":
         vecmath.install(sdfg)
         schedule.apply(sdfg)
@@ -87,13 +86,6 @@ def _prepare(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> tuple[dace.
     sdfg.name = f"{base}_{key[:16]}"
     sdfg.build_folder = str(_folder(key, sdfg))
     return sdfg, key
-
-
-def _has_host_maps(sdfg: dace.SDFG) -> bool:
-    return any(
-        isinstance(n, nodes.MapEntry) and s.entry_node(n) is None and n.map.schedule != dace.ScheduleType.GPU_Device
-        for n, s in sdfg.all_nodes_recursive()
-    )
 
 
 def _folder(key: str, sdfg: dace.SDFG):

@@ -24,8 +24,16 @@ warnings.filterwarnings("ignore", message='Return value "__return', category=Use
 class Runner:
     """Calls a Program's compiled forward and backward with torch tensors."""
 
-    def __init__(self, imported: Imported, program: Program, forward: CompiledSDFG, backward: CompiledSDFG | None):
+    def __init__(
+        self,
+        imported: Imported,
+        program: Program,
+        forward: CompiledSDFG,
+        backward: CompiledSDFG | None,
+        device: str = "cpu",
+    ):
         self.imported = imported
+        self.device = torch.device(device)
         self.program = program
         self.forward_binary = forward
         self.backward_binary = backward
@@ -38,7 +46,7 @@ class Runner:
         self._outputs = [_spec(name, fwd.arrays[name]) for name in imported.outputs]
         given = set(self.names) | set(imported.outputs)
         self._stored = [_spec(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
-        self._constants = _constants(imported, fwd)
+        self._constants = _constants(imported, fwd, self.device)
         if backward is not None:
             bwd = program.backward
             grads = [program.input_grads.get(name) for name in self.names]
@@ -48,14 +56,14 @@ class Runner:
             ]
             # gradients the backward accumulates into must start at zero; those it overwrites need not
             self._accumulated = {g for g in grads if g is not None and not overwritten(bwd, g)}
-            self._bwd_constants = _constants(imported, bwd)
+            self._bwd_constants = _constants(imported, bwd, self.device)
 
     def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         args = {name: _ready(t) for name, t in zip(self.names, tensors)}
-        outputs = [memory.empty(shape, dtype) for _, shape, dtype in self._outputs]
+        outputs = [self._empty(shape, dtype) for _, shape, dtype in self._outputs]
         saved = {**args, **{name: t for (name, _, _), t in zip(self._outputs, outputs)}}
         for name, shape, dtype in self._stored:
-            saved[name] = memory.empty(shape, dtype)
+            saved[name] = self._empty(shape, dtype)
         self._forward_call({**saved, **self._constants})
         return outputs, saved
 
@@ -64,18 +72,28 @@ class Runner:
         args = {name: saved[name] for name in self.program.forwarded}
         for (grad_name, shape, dtype), grad in zip(self._output_grads, grad_outputs):
             if grad_name is not None:
-                args[grad_name] = memory.zeros(shape, dtype) if grad is None else _ready(grad, shape)
+                args[grad_name] = self._zeros(shape, dtype) if grad is None else _ready(grad, shape)
         results = []
         for spec in self._grads:
             if spec is None:
                 results.append(None)
                 continue
             name, shape, dtype = spec
-            fresh = memory.zeros if name in self._accumulated else memory.empty
+            fresh = self._zeros if name in self._accumulated else self._empty
             args[name] = fresh(shape, dtype)
             results.append(args[name])
         self._backward_call({**args, **self._bwd_constants})
         return results
+
+    def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return memory.empty(shape, dtype)
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return memory.zeros(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
 
 
 class _Call:
@@ -102,7 +120,7 @@ class _Call:
         pointers = tuple(
             scalars[n](args[n]) if n in scalars else ctypes.c_void_p(args[n].data_ptr()) for n in self.order
         )
-        self.binary.fast_call(pointers, ())
+        self.binary.fast_call(pointers, (), do_gpu_check=True)
 
 
 class _Apply(torch.autograd.Function):
@@ -163,12 +181,12 @@ def _resolve(module: nn.Module, path: str):
     return lambda: getattr(owner, attr)
 
 
-def _constants(imported: Imported, sdfg) -> dict:
+def _constants(imported: Imported, sdfg, device: torch.device) -> dict:
     result = {}
     for name, value in imported.constants.items():
         if name in sdfg.arrays and not sdfg.arrays[name].transient:
             desc = sdfg.arrays[name]
-            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else _ready(value)
+            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else _ready(value.to(device))
     return result
 
 

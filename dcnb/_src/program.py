@@ -166,6 +166,26 @@ def _tiles_cover(subset, scope: nodes.Map, shape) -> bool:
     return used == set(scope.params)
 
 
+def to_gpu(sdfg: dace.SDFG) -> int:
+    """Place arguments in GPU memory and turn every outermost host map into a CUDA kernel; returns the maps moved."""
+    moved = len(host_maps(sdfg))
+    for desc in sdfg.arrays.values():
+        if not desc.transient and not isinstance(desc, dt.Scalar):
+            desc.storage = dace.StorageType.GPU_Global
+    sdfg.apply_gpu_transformations()
+    return moved
+
+
+def host_maps(sdfg: dace.SDFG) -> list[nodes.MapEntry]:
+    return [
+        n
+        for n, state in sdfg.all_nodes_recursive()
+        if isinstance(n, nodes.MapEntry)
+        and state.entry_node(n) is None
+        and n.map.schedule not in (dace.ScheduleType.GPU_Device, dace.ScheduleType.GPU_ThreadBlock)
+    ]
+
+
 def _in_scope_intermediates(sdfg: dace.SDFG) -> set[str]:
     return {
         n.data

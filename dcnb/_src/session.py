@@ -64,9 +64,11 @@ class Session:
         time_budget: float = 1.0,
         progress: Callable[[str], None] | None = None,
     ):
-        self._module = module
-        self._inputs = _check_inputs(module, inputs)
+        inputs = _check_inputs(module, inputs)
         self.device = _device(device)
+        # the user's module runs where the compiled code runs, so that they share parameters
+        self._module = module.to(self.device)
+        self._inputs = [t.to(self.device) for t in inputs]
         self.backward = backward
         self.training = training
         self._baselines = tuple(baselines)
@@ -250,7 +252,7 @@ class Session:
                     raise StepError(f"{name} left an invalid SDFG: {_describe(e)}") from e
         self._progress("compiling")
         built = builder.build([prog.forward, prog.backward], self.device)
-        runner = Runner(self._imported, prog, built.binaries[0], built.binaries[1])
+        runner = Runner(self._imported, prog, built.binaries[0], built.binaries[1], self.device)
         self._progress("checking against PyTorch")
         got = verify.run(
             self._dcnb_module(runner), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs

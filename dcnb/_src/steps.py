@@ -29,7 +29,7 @@ from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import algebra, rows, vecmath
+from . import algebra, program, rows, vecmath
 from .errors import check
 
 Where = Collection[str] | None
@@ -347,21 +347,9 @@ register(
 )
 
 
-def _gpu_maps(sdfg: dace.SDFG) -> list[nodes.MapEntry]:
-    return [
-        n
-        for n, state in sdfg.all_nodes_recursive()
-        if isinstance(n, nodes.MapEntry)
-        and state.entry_node(n) is None
-        and n.map.schedule not in (dace.ScheduleType.GPU_Device, dace.ScheduleType.GPU_ThreadBlock)
-    ]
-
-
 def _to_gpu(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
     check(where is None, "gpu moves the whole SDFG and cannot be restricted to nodes")
-    count = len(_gpu_maps(sdfg))
-    sdfg.apply_gpu_transformations()
-    return count
+    return program.to_gpu(sdfg)
 
 
 register(
@@ -369,7 +357,7 @@ register(
         "gpu",
         "Turn every outermost map into a CUDA kernel and place arrays in GPU memory.",
         before_autodiff=False,
-        count=lambda sdfg, where, options: len(_gpu_maps(sdfg)) if where is None else 0,
+        count=lambda sdfg, where, options: len(program.host_maps(sdfg)) if where is None else 0,
         run=_to_gpu,
         devices=("cuda",),
     )
