@@ -29,7 +29,7 @@ from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import program, vecmath
+from . import algebra, program, rows, vecmath
 from .errors import check
 
 Where = Collection[str] | None
@@ -48,6 +48,8 @@ class Action:
     run: Callable[[dace.SDFG, Where, dict, str], int]
     #: devices ("cpu", "cuda") the action is offered on
     devices: tuple[str, ...] = ("cpu", "cuda")
+    #: why_not(sdfg, where, options) -> reasons the action left candidate places alone (for "matches nothing")
+    why_not: Callable[[dace.SDFG, Where, dict], list[str]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,14 +234,54 @@ register(
 # --- vectorization ----------------------------------------------------------------------------------------------
 
 
-def _vector_options(options: dict) -> dict:
-    return {"vector_len": options.get("vector_len", vecmath.native_width())}
+def _vector_widths(options: dict) -> list[int]:
+    """Widths to try, widest first: the one asked for, else the native width and its halves down to 4."""
+    if "vector_len" in options:
+        return [int(options["vector_len"])]
+    native = vecmath.native_width()
+    return [w for w in (native, native // 2, native // 4) if w >= 4]
+
+
+def _vectorizable(sdfg: dace.SDFG, where: Where, options: dict):
+    """A match for each map that can be vectorized whole, with the widest width that fits it."""
+    widths = _vector_widths(options)
+    seen = set()
+    for width in widths:
+        for match in _matches(Vectorization, sdfg, where, {"vector_len": width}):
+            if id(match.map_entry) not in seen and _fits(match, width):
+                seen.add(id(match.map_entry))
+                yield match
+
+
+def _fits(match: Vectorization, width: int) -> bool:
+    # DaCe's Vectorization moves a remainder into a scalar "postamble" map, which matches again (a map shorter
+    # than one vector would be split forever), and its code loads vectors through aligned vector pointers (a row
+    # whose length is no multiple of the width crashes). So: whole vectors only, in every row of every array.
+    first, last, step = match.map_entry.map.range[-1]
+    extent = last - first + 1
+    if not all(getattr(v, "is_Integer", isinstance(v, int)) for v in (first, extent, step)):
+        return False
+    if int(step) != 1 or int(first) % width or int(extent) % width:
+        return False
+    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
+    tasklet = state.successors(match.map_entry)[0]
+    for edge in state.all_edges(tasklet):
+        if edge.data.data is None:
+            continue
+        desc = state.sdfg.arrays[edge.data.data]
+        for stride in (*desc.strides[:-1], desc.start_offset):
+            if not getattr(stride, "is_Integer", isinstance(stride, int)) or int(stride) % width:
+                return False
+    return True
 
 
 def _vectorize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
-    applied = _repeat(Vectorization)(sdfg, where, _vector_options(options))
-    if applied:
-        vecmath.install(sdfg)
+    # the vector overloads of the math functions come with every CPU build (build.py installs vecmath.h); the
+    # runner passes 64-byte aligned arrays (module.py)
+    applied = 0
+    while (match := next(_vectorizable(sdfg, where, options), None)) is not None:
+        match.apply_pattern(append=False)
+        applied += 1
     return applied
 
 
@@ -248,8 +290,37 @@ register(
         "vectorization",
         "Compute innermost maps on vectors of floats; transcendental functions go to glibc's vector math (libmvec).",
         before_autodiff=False,
-        count=lambda sdfg, where, options: _count(Vectorization)(sdfg, where, _vector_options(options)),
+        count=lambda sdfg, where, options: sum(1 for _ in _vectorizable(sdfg, where, options)),
         run=_vectorize,
+    )
+)
+
+
+# --- algebra ----------------------------------------------------------------------------------------------------
+
+register(
+    Action(
+        "simplify_algebra",
+        "Rewrite tasklets (best after tasklet_fusion) into equivalent forms with fewer transcendental calls, e.g. "
+        "Mish and its derivative with one exp; each rewrite is checked against float64 over a wide input range.",
+        before_autodiff=False,
+        count=algebra.count,
+        run=lambda sdfg, where, options, device: algebra.apply(sdfg, where, options),
+        why_not=algebra.reasons,
+    )
+)
+
+
+# --- rows -------------------------------------------------------------------------------------------------------
+
+register(
+    Action(
+        "fuse_rows",
+        "Expand library nodes (softmax, norms, reductions without atomics) and fuse all maps over the same rows "
+        "into one parallel map with sequential loops inside, in the forward and the backward.",
+        before_autodiff=False,
+        count=rows.count,
+        run=lambda sdfg, where, options, device: rows.apply(sdfg, where, options),
     )
 )
 
