@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n" + text)
     print(f"\nwrote {report.notebook} and {report.html} ({report.seconds:.0f} s)")
     if not report.ok:
-        print(f"\n{args.notebook} failed:\n{report.error}", file=sys.stderr)
+        print(f"\n{args.notebook} failed:\n{report.error}\n(the kernel's own messages: {report.kernel_log})", file=sys.stderr)
         return 1
     return 0
 

@@ -3,7 +3,9 @@
 The notebook runs top to bottom in a fresh kernel (nbclient) whose working folder is the output folder, and stops
 at the first cell that fails. Whatever happened, the executed notebook and an HTML report (nbconvert; dcnb's
 outputs carry static SVGs and tables, so graphs and tables show without a kernel) are written. The text outputs
-of cells tagged ``report`` are collected, for the console to print.
+of cells tagged ``report`` are collected, for the console to print. What the kernel process itself writes to
+its stderr (the kernel's own warnings, compiler noise, a crash in compiled code) goes to ``<name>.kernel.log``
+next to them, so that the console shows the notebook's progress and report only.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Report:
 
     notebook: pathlib.Path
     html: pathlib.Path
+    #: what the kernel process wrote to its stderr
+    kernel_log: pathlib.Path
     #: the failing cell's error (without terminal colours), None when every cell ran
     error: str | None
     #: the text output of each cell tagged ``report``, in order
@@ -91,8 +95,10 @@ def run(
     )
     error = None
     start = time.perf_counter()
+    kernel_log = out / f"{source.stem}.kernel.log"
     try:
-        client.execute(env=env)
+        with kernel_log.open("w") as log:
+            client.execute(env=env, stderr=log)
     except CellExecutionError as e:
         error = _ANSI.sub("", str(e)).strip()
     except (CellTimeoutError, DeadKernelError, CellControlSignal) as e:
@@ -104,7 +110,7 @@ def run(
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb, resources={"metadata": {"name": source.stem}})
     html.write_text(body, encoding="utf-8")
     reported = [_text(c) for c in nb.cells if c.cell_type == "code" and REPORT_TAG in c.metadata.get("tags", [])]
-    return Report(executed, html, error, reported, seconds)
+    return Report(executed, html, kernel_log, error, reported, seconds)
 
 
 def _text(cell) -> str:

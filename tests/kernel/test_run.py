@@ -38,6 +38,8 @@ def test_run_leaves_the_executed_notebook_and_html_and_prints_the_report(tmp_pat
     assert done.returncode == 0, done.stderr
     assert "scale small in result\n42" in done.stdout and "not in the report" not in done.stdout
     assert "[ 1/3] %load_ext dcnb" in done.stdout
+    # the kernel process's own messages (its transport warning) go to a log, not between the progress lines
+    assert "[IPKernelApp]" not in done.stdout + done.stderr and (tmp_path / "result" / "tiny.kernel.log").exists()
     executed = nbformat.read(tmp_path / "result" / "tiny.ipynb", as_version=4)
     # the kernel ran in the output folder, and loading dcnb showed nothing (DaCe's viewer script stays out)
     assert executed.cells[1].outputs == []
