@@ -25,6 +25,8 @@ SCROLL_ABOVE = 60
 BASELINE_NAMES = {"dcnb": "dcnb", "torch": "torch eager", "torch_compile": "torch.compile"}
 # text columns read left-aligned (notebook styles right-align every cell)
 _LEFT = " style='text-align: left'"
+# tables start at the left edge, under their heading (JupyterLab centres tables in rendered HTML)
+_TABLE = " style='margin-left: 0; margin-right: auto'"
 
 # SDFV's shapes and colours: access nodes are ellipses, tasklets octagons, map entries and exits trapezoids,
 # library nodes boxes, nested SDFGs double boxes
@@ -93,7 +95,7 @@ def timing_html(step: Step) -> str:
         + "</tr>"
         for name, t in step.timings.items()
     )
-    return f"<table class='dcnb-timing'><caption>ms per forward+backward</caption><tr>{head}</tr>{body}</table>"
+    return f"<table class='dcnb-timing'{_TABLE}><caption>ms per forward+backward</caption><tr>{head}</tr>{body}</table>"
 
 
 def history_html(steps: list[Step], current: int | None = None) -> str:
@@ -122,7 +124,7 @@ def history_html(steps: list[Step], current: int | None = None) -> str:
             _num(s.speedup(), "{:.2f}x"),
         ]
         rows.append(f"<tr{mark}>" + "".join(f"<td{_LEFT if i == 1 else ''}>{c}</td>" for i, c in enumerate(cells)) + "</tr>")
-    return f"<table class='dcnb-history'><tr>{head}</tr>{''.join(rows)}</table>"
+    return f"<table class='dcnb-history'{_TABLE}><tr>{head}</tr>{''.join(rows)}</table>"
 
 
 def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
@@ -131,13 +133,14 @@ def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
     if not timed:
         return ""
     top = max(max(t.median for t in s.timings.values()) for s in timed) * 1.1
-    # a bar is never wider than 60px, so that one step does not fill the chart
-    pad, bar = 30, min((width - 40) / len(timed), 60)
+    # a bar is never wider than 60px, so that one step does not fill the chart; the title and the legend take
+    # two lines above the plot
+    pad, bar = 40, min((width - 40) / len(timed), 60)
     scale = (height - pad) / top
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
         'font-family="sans-serif" font-size="10"><title>median ms per step</title>',
-        f'<text x="2" y="10">median ms (top {top:.3g})</text>',
+        f'<text x="2" y="10">median ms per step (top {top:.3g})</text>',
     ]
     for i, s in enumerate(timed):
         h = s.timings["dcnb"].median * scale
@@ -146,15 +149,18 @@ def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
         out.append(f'<text x="{x + 2:.1f}" y="{height - 2}">{s.index}</text>')
     for name, colour in (("torch", "#d9534f"), ("torch_compile", "#5cb85c")):
         points = [
-            f"{30 + (i + 0.5) * bar:.1f},{height - 14 - s.timings[name].median * scale:.1f}"
+            (30 + (i + 0.5) * bar, height - 14 - s.timings[name].median * scale)
             for i, s in enumerate(timed)
             if name in s.timings
         ]
         if points:
-            out.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="2"/>')
+            xy = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+            out.append(f'<polyline points="{xy}" fill="none" stroke="{colour}" stroke-width="2"/>')
+            # a dot at each step, so that a single step's baseline shows too
+            out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in points)
     out.append(
-        '<text x="150" y="10" fill="#4a7bd0">dcnb</text><text x="185" y="10" fill="#d9534f">torch</text>'
-        '<text x="220" y="10" fill="#5cb85c">torch.compile</text></svg>'
+        '<text x="2" y="24" fill="#4a7bd0">■ dcnb</text><text x="52" y="24" fill="#d9534f">■ torch eager</text>'
+        '<text x="132" y="24" fill="#5cb85c">■ torch.compile</text></svg>'
     )
     return "".join(out)
 

@@ -106,6 +106,17 @@ def test_the_history_chart_and_tables_escape(monkeypatch):
     assert render.chart_svg([failed]) == ""
 
 
+
+def test_the_chart_shows_the_baselines_of_a_single_step():
+    from dcnb._src.record import Step
+    from dcnb._src.timing import Timing
+
+    naive = Step(0, "naive", {}, None, ok=True, timings={n: Timing.of([ms]) for n, ms in
+                                                         (("dcnb", 3.0), ("torch", 1.0), ("torch_compile", 2.0))})
+    svg = render.chart_svg([naive])
+    # a line through one point draws nothing: each baseline's point is a dot, named in the legend
+    assert svg.count("<circle") == 2 and "torch eager" in svg and "torch.compile" in svg
+
 def test_view_code(tmp_path):
     """The labextension's pure view code (layout, formatting) under node's test runner."""
     npm = shutil.which("npm")
