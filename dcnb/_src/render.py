@@ -174,12 +174,16 @@ def graph_img(picture: dict[str, Any]) -> str:
     if svg is None:
         return "<p><i>(install Graphviz to see the graph here)</i></p>"
     data = base64.b64encode(svg.encode()).decode()
+    img = f'<img alt="{_e(picture["name"])}" style="max-width: 100%" src="data:image/svg+xml;base64,{data}"/>'
     if graphs.size(picture) <= SCROLL_ABOVE:
-        return f'<img alt="{_e(picture["name"])}" style="max-width: 100%" src="data:image/svg+xml;base64,{data}"/>'
-    # shrunk to the page, a large graph is a thumbnail nobody can read: it keeps its size in a box that scrolls
+        return img
+    # a large graph shrunk to the page shows its shape but not its labels, and at its own size the first view
+    # is a corner of it: the overview first, the full size (in a box that scrolls) one click away
+    full = img.replace("max-width: 100%", "max-width: none")
     return (
-        "<div style='max-height: 720px; overflow: auto; border: 1px solid #c8d0e0'>"
-        f'<img alt="{_e(picture["name"])}" style="max-width: none" src="data:image/svg+xml;base64,{data}"/></div>'
+        img.replace("max-width: 100%", "max-width: 100%; max-height: 720px")
+        + "<details><summary style='cursor: pointer'>at full size</summary>"
+        + f"<div style='max-height: 720px; overflow: auto; border: 1px solid #c8d0e0'>{full}</div></details>"
     )
 
 

@@ -97,6 +97,18 @@ def test_large_pictures_collapse_outer_maps_in_the_static_svg():
     assert 'subgraph "cluster_s0s0n0"' not in dot and "(5 nodes inside)" in dot
 
 
+@pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz")
+def test_a_large_picture_shows_an_overview_and_its_full_size_one_click_away():
+    small = graph.describe(scaled_sdfg())
+    assert render.graph_img(small).count("<img") == 1 and "<details" not in render.graph_img(small)
+    (state,) = small["states"]
+    large = dict(small, states=[dict(state, id=f"s{i}") for i in range(render.SCROLL_ABOVE // len(state["nodes"]) + 1)])
+    assert graph.size(large) > render.SCROLL_ABOVE
+    html = render.graph_img(large)
+    overview, full = html.split("<details")
+    assert "max-width: 100%; max-height: 720px" in overview and "max-width: none" in full and "overflow: auto" in full
+
+
 def test_the_history_chart_and_tables_escape(monkeypatch):
     from dcnb._src.record import Step
 
