@@ -1,11 +1,25 @@
 import os
 import pathlib
+import shutil
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # builds are cached by content: reruns of the suite reuse them (tests that count builds use their own cache)
 os.environ.setdefault("DCNB_CACHE", str(ROOT / ".cache" / "dcnb-test"))
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# what works in this sandbox: no GPU, no sandboxing, nothing fetched from the network
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture
@@ -23,3 +37,26 @@ def ip():
     shell.run_line_magic("load_ext", "dcnb")
     shell.run_cell("import torch\nfrom torch import nn")
     return shell
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    assert pathlib.Path(CHROMIUM).exists(), "Debian's chromium is needed (scripts/setup.sh installs it)"
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1100},
+        )
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def artifacts():
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS

@@ -1,5 +1,6 @@
 """Every notebook in notebooks/ runs top to bottom in a real kernel, at the small scale, through `dcnb run`'s
-machinery: a cell that raises, or one of the notebook's own assertions that fails, fails the suite."""
+machinery: a cell that raises, or one of the notebook's own assertions that fails, fails the suite. Its HTML
+report is then opened in headless Chromium, as a reader would, and kept as screenshots in test-artifacts/."""
 
 import pathlib
 
@@ -20,7 +21,7 @@ def test_the_notebooks_are_there():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_the_notebook_runs_and_its_checks_hold(path, tmp_path):
+def test_the_notebook_runs_and_its_checks_hold(path, tmp_path, browser, artifacts):
     result = report.run(path, tmp_path, scale="small", timeout=900)
     assert result.ok, result.error
     executed = nbformat.read(result.notebook, as_version=4)
@@ -31,3 +32,16 @@ def test_the_notebook_runs_and_its_checks_hold(path, tmp_path):
     # the report a reader opens shows the graphs and the tables without a kernel
     html = result.html.read_text()
     assert html.count("data:image/svg+xml;base64,") >= 2 and "dcnb-history" in html
+    # as a reader opens it, offline: every picture draws, and no formula is left as TeX source (MathJax would
+    # come from the network)
+    page = browser.new_page()
+    try:
+        page.goto(result.html.as_uri())
+        assert page.locator("img").count() >= 2
+        assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
+        assert not [t for t in page.locator(".jp-RenderedMarkdown").all_inner_texts() if "$" in t]
+        page.screenshot(path=str(artifacts / f"notebook-{path.stem}-top.png"))
+        page.locator(".jp-Cell").last.scroll_into_view_if_needed()
+        page.screenshot(path=str(artifacts / f"notebook-{path.stem}-end.png"))
+    finally:
+        page.close()

@@ -1,9 +1,8 @@
-"""A real JupyterLab server and Debian's chromium, driven by Playwright."""
+"""A real JupyterLab server (the browser and the artifacts folder come from tests/conftest.py)."""
 
 import contextlib
 import os
 import pathlib
-import shutil
 import socket
 import subprocess
 import sys
@@ -12,21 +11,7 @@ import urllib.request
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TOKEN = "dcnb-ui-test"
-# what works in this sandbox: no GPU, no sandboxing, nothing fetched from the network
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def _free_port() -> int:
@@ -74,26 +59,3 @@ def lab(tmp_path_factory):
     yield base, folder
     server.terminate()
     server.wait(timeout=20)
-
-
-@pytest.fixture(scope="session")
-def browser(tmp_path_factory):
-    from playwright.sync_api import sync_playwright
-
-    assert pathlib.Path(CHROMIUM).exists(), "Debian's chromium is needed (scripts/setup.sh installs it)"
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_FLAGS,
-            viewport={"width": 1400, "height": 1100},
-        )
-        yield context
-        context.close()
-
-
-@pytest.fixture
-def artifacts():
-    ARTIFACTS.mkdir(exist_ok=True)
-    return ARTIFACTS
