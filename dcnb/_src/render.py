@@ -177,13 +177,15 @@ def graph_img(picture: dict[str, Any]) -> str:
     img = f'<img alt="{_e(picture["name"])}" style="max-width: 100%" src="data:image/svg+xml;base64,{data}"/>'
     if graphs.size(picture) <= SCROLL_ABOVE:
         return img
-    # a large graph shrunk to the page shows its shape but not its labels, and at its own size the first view
-    # is a corner of it: the overview first, the full size (in a box that scrolls) one click away
+    # a large graph at its own size opens on a corner of it (often empty), and shrunk to fit both ways a tall one
+    # is a sliver: it fits the width in a box that scrolls down, and its full size is one click away
+    box = "<div style='max-height: 720px; overflow: auto; border: 1px solid #c8d0e0'>{}</div>"
     full = img.replace("max-width: 100%", "max-width: none")
     return (
-        img.replace("max-width: 100%", "max-width: 100%; max-height: 720px")
+        box.format(img)
         + "<details><summary style='cursor: pointer'>at full size</summary>"
-        + f"<div style='max-height: 720px; overflow: auto; border: 1px solid #c8d0e0'>{full}</div></details>"
+        + box.format(full)
+        + "</details>"
     )
 
 
