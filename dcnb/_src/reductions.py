@@ -131,10 +131,11 @@ class RowReduction(ExpandTransformation):
             language=dace.Language.CPP,
         )
         index = _output_index(out, [p for p, n in zip(params, shape) if n != 1])
+        row = dace.Memlet(f"_in[{', '.join(params)}, 0:{shape[-1]}]")
+        body.add_memlet_path(body.add_read("_in"), entry, tasklet, dst_conn="_row", memlet=row)
         body.add_memlet_path(
-            body.add_read("_in"), entry, tasklet, dst_conn="_row", memlet=dace.Memlet(f"_in[{', '.join(params)}, 0:{shape[-1]}]")
+            tasklet, exit_, body.add_write("_out"), src_conn="_o", memlet=dace.Memlet(f"_out[{index}]")
         )
-        body.add_memlet_path(tasklet, exit_, body.add_write("_out"), src_conn="_o", memlet=dace.Memlet(f"_out[{index}]"))
         return nsdfg
 
 
@@ -165,10 +166,8 @@ class ColumnSums(ExpandTransformation):
         ranges = {r: f"0:{n}" for r, n in zip(rows, shape)} | {"_c": f"_t * {tile}:_t * {tile} + {tile}"}
         rows_entry, rows_exit = body.add_map("rows", ranges, schedule=dace.ScheduleType.Sequential)
         add = body.add_tasklet("add", {"b"}, {"o"}, "o = b")
-        body.add_memlet_path(
-            body.add_read("_in"), tiles_entry, rows_entry, add, dst_conn="b", memlet=dace.Memlet(f"_in[{', '.join(rows)}, _c]")
-        )
-        body.add_memlet_path(
-            add, rows_exit, tiles_exit, body.add_write("_out"), src_conn="o", memlet=dace.Memlet(f"_out[{index}]", wcr=node.wcr)
-        )
+        element = dace.Memlet(f"_in[{', '.join(rows)}, _c]")
+        body.add_memlet_path(body.add_read("_in"), tiles_entry, rows_entry, add, dst_conn="b", memlet=element)
+        total = dace.Memlet(f"_out[{index}]", wcr=node.wcr)
+        body.add_memlet_path(add, rows_exit, tiles_exit, body.add_write("_out"), src_conn="o", memlet=total)
         return nsdfg

@@ -88,7 +88,12 @@ def _expand(sdfg: dace.SDFG) -> None:
 
 
 def _split_rows(sdfg: dace.SDFG) -> None:
-    tops = [(s, n) for s in sdfg.states() for n in s.nodes() if isinstance(n, nodes.MapEntry) and s.entry_node(n) is None]
+    tops = [
+        (state, n)
+        for state in sdfg.states()
+        for n in state.nodes()
+        if isinstance(n, nodes.MapEntry) and state.entry_node(n) is None
+    ]
     # a map over exactly the rows (a mean or a variance per row) is one already: splitting it would keep it from
     # fusing with the row maps around it
     rows = {tuple(entry.map.range[:-1]) for _, entry in tops if entry.map.get_param_num() >= 2}

@@ -35,7 +35,8 @@ def test_rows_fuse_into_parallel_maps_and_stay_right(module, shape, backward_ker
     assert step.ok and step.check.ok, step.error
     assert step.counts["forward"]["kernels"] == 1
     assert step.counts["backward"]["kernels"] == backward_kernels
-    tiles = [n for n, _ in session.backward_sdfg.all_nodes_recursive() if isinstance(n, nodes.MapEntry) and n.label == "column_tiles"]
+    backward = session.backward_sdfg.all_nodes_recursive()
+    tiles = [n for n, _ in backward if isinstance(n, nodes.MapEntry) and n.label == "column_tiles"]
     assert len(tiles) == (2 if backward_kernels == 5 else 0)
     runner = session._states[-1].runner
     for binary in (runner.forward_binary, runner.backward_binary):
