@@ -5,11 +5,13 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import os
 import pathlib
 import re
 import time
 import warnings
 
+import cmake
 import dace
 from dace.codegen import codegen, compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
@@ -63,9 +65,18 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
 def _configure(device: str) -> None:
     Config.set("compiler", "allow_view_arguments", value=True)
     Config.set("debugprint", value=False)
+    if device == "cuda":
+        _put_first_on_path(cmake.CMAKE_BIN_DIR)
     if device == "cpu" and vecmath.libraries():
         libs = Config.get("compiler", "cpu", "libs")
         Config.set("compiler", "cpu", "libs", value=f"{libs} {vecmath.libraries()}".strip())
+
+
+def _put_first_on_path(folder: str) -> None:
+    """DaCe runs the ``cmake`` it finds on PATH; its CUDA build needs a newer one than Debian 12's (the wheel's)."""
+    paths = os.environ.get("PATH", "").split(os.pathsep)
+    if paths[0] != folder:
+        os.environ["PATH"] = os.pathsep.join([folder, *(p for p in paths if p != folder)])
 
 
 def _flags() -> dict[str, str]:

@@ -4,10 +4,10 @@ DaCe expands ONNX Softmax, LayerNormalization and their backward passes into a c
 with reductions in between, and by default a reduction is a map over all elements adding into its output with
 atomics. This action, after autodiff, on the forward and the backward:
 
-1. expands library nodes, reductions as a map over the kept dimensions with a sequential loop over the reduced
-   ones (DaCe's "pure-seq" expansion: no atomics);
+1. expands library nodes, reductions without atomics: along rows and down columns as reductions.py has them,
+   others as a map over the kept dimensions with a sequential loop over the reduced ones (DaCe's "pure-seq");
 2. splits every map of several dimensions into a map over all but the last (the rows) around a sequential map
-   over the last (MapExpansion, then MapCollapse of the outer ones);
+   over the last (MapExpansion, then MapCollapse of the outer ones), except maps over exactly the rows;
 3. fuses the row maps (MapFusion, outermost maps only): what one row needs (its maximum, its sum, its
    exponentials) then stays in cache or on the stack, and each row is read from memory once or twice instead of
    once per operation; the loops inside stay apart, so that GCC vectorizes the elementwise ones;
@@ -27,6 +27,8 @@ from dace.transformation.auto.auto_optimize import move_small_arrays_to_stack
 from dace.transformation.dataflow import MapCollapse, MapExpansion, MapFusion
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
+
+from dcnb._src import reductions
 
 #: elements up to which a constant-size transient lives on the stack (a row of 4096 floats is 16 KiB)
 STACK_ELEMENTS = 4096
@@ -79,20 +81,28 @@ def _outermost(match: MapFusion) -> bool:
 def _expand(sdfg: dace.SDFG) -> None:
     expand_onnx_nodes(sdfg)
     while any(isinstance(n, nodes.LibraryNode) for n, _ in sdfg.all_nodes_recursive()):
-        for node, _ in sdfg.all_nodes_recursive():
+        for node, state in sdfg.all_nodes_recursive():
             if isinstance(node, Reduce):
-                node.implementation = "pure-seq"
+                node.implementation = reductions.implementation(node, state)
         sdfg.expand_library_nodes(recursive=False)
 
 
 def _split_rows(sdfg: dace.SDFG) -> None:
-    for state in sdfg.states():
-        for entry in [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and state.entry_node(n) is None]:
-            dims = entry.map.get_param_num()
-            if dims >= 2:
-                MapExpansion.apply_to(
-                    sdfg, map_entry=entry, expansion_limit=dims - 1, inner_schedule=dace.ScheduleType.Sequential
-                )
+    tops = [
+        (state, n)
+        for state in sdfg.states()
+        for n in state.nodes()
+        if isinstance(n, nodes.MapEntry) and state.entry_node(n) is None
+    ]
+    # a map over exactly the rows (a mean or a variance per row) is one already: splitting it would keep it from
+    # fusing with the row maps around it
+    rows = {tuple(entry.map.range[:-1]) for _, entry in tops if entry.map.get_param_num() >= 2}
+    for state, entry in tops:
+        dims = entry.map.get_param_num()
+        if dims >= 2 and tuple(entry.map.range) not in rows:
+            MapExpansion.apply_to(
+                sdfg, map_entry=entry, expansion_limit=dims - 1, inner_schedule=dace.ScheduleType.Sequential
+            )
     while _collapse_one(sdfg):
         pass
 

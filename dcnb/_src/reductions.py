@@ -1,0 +1,173 @@
+"""Reductions as a hand-written CPU kernel has them: two expansions of DaCe's Reduce library node.
+
+DaCe's own expansions reduce with atomics ("pure") or with a sequential loop per output element ("pure-seq").
+The loop per element is right for the work but wrong for the machine in the two reductions a softmax or a norm
+needs:
+
+- along each row (a maximum or a sum over the last axis): the loop carries its accumulator from one element to
+  the next, and GCC vectorizes such a loop only where it may reassociate, which no flag of ours allows globally.
+  RowReduction emits the loop with ``#pragma omp simd reduction``: reassociation for this loop only, as OpenMP
+  defines it, so the row is reduced eight lanes at a time.
+- down each column (a norm's weight and bias gradients: a sum over all rows per feature): one loop per column
+  strides a whole row between elements. ColumnSums walks the rows in order with a tile of columns innermost, one
+  tile per thread, so memory is read in order and the inner loop vectorizes without reassociating.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import dace
+from dace.frontend.operations import detect_reduction_type
+from dace.libraries.standard import Reduce
+from dace.library import register_expansion
+from dace.transformation.transformation import ExpandTransformation
+
+#: columns a thread sums at a time at most: a few cache lines per row, read in order
+COLUMN_TILE = 128
+#: the fewest columns a tile may have for the column walk to pay
+COLUMN_TILE_MIN = 16
+#: reduction type -> (OpenMP reduction identifier, how one element updates the accumulator)
+_ROW_UPDATES = {
+    dace.dtypes.ReductionType.Sum: ("+", "acc + _row[i]"),
+    dace.dtypes.ReductionType.Product: ("*", "acc * _row[i]"),
+    dace.dtypes.ReductionType.Max: ("max", "(_row[i] > acc ? _row[i] : acc)"),
+    dace.dtypes.ReductionType.Min: ("min", "(_row[i] < acc ? _row[i] : acc)"),
+}
+
+
+def implementation(node: Reduce, state: dace.SDFGState) -> str:
+    """The expansion ``node`` should get: one of ours where it fits, else DaCe's atomics-free "pure-seq"."""
+    if _column_tile(node, state):
+        return "dcnb-columns"
+    if _row_update(node, state):
+        return "dcnb-rows"
+    return "pure-seq"
+
+
+def _shapes(node: Reduce, state: dace.SDFGState) -> tuple[list[int], list[int], list[int]] | None:
+    """(input shape, output shape, reduced axes) where ``node`` reduces a whole array into a whole array of
+    constant shape, its input contiguous along the last axis; else None."""
+    inedge, outedge = state.in_edges(node)[0], state.out_edges(node)[0]
+    arrays = state.sdfg.arrays
+    if any(e.data.subset != dace.subsets.Range.from_array(arrays[e.data.data]) for e in (inedge, outedge)):
+        return None
+    try:
+        shape = [int(s) for s in inedge.data.subset.size()]
+        out = [int(s) for s in outedge.data.subset.size()]
+    except TypeError:
+        return None  # symbolic sizes
+    if node.identity is None or len(shape) < 2 or arrays[inedge.data.data].strides[-1] != 1:
+        return None
+    axes = sorted(node.axes) if node.axes is not None else list(range(len(shape)))
+    return shape, out, axes
+
+
+def _column_tile(node: Reduce, state: dace.SDFGState) -> int | None:
+    """Columns per tile where ``node`` sums over every axis but the last into that axis' length, else None."""
+    shapes = _shapes(node, state)
+    if shapes is None:
+        return None
+    shape, out, axes = shapes
+    if axes != list(range(len(shape) - 1)) or out[-1] != shape[-1] or any(s != 1 for s in out[:-1]):
+        return None
+    tile = max(d for d in range(1, min(COLUMN_TILE, shape[-1]) + 1) if shape[-1] % d == 0)
+    return tile if tile >= COLUMN_TILE_MIN else None
+
+
+def _row_update(node: Reduce, state: dace.SDFGState) -> tuple[str, str] | None:
+    """(OpenMP reduction, update) where ``node`` reduces over the last axis only with an operator OpenMP knows."""
+    shapes = _shapes(node, state)
+    if shapes is None:
+        return None
+    shape, out, axes = shapes
+    if axes != [len(shape) - 1] or [s for s in out if s != 1] != [s for s in shape[:-1] if s != 1]:
+        return None
+    return _ROW_UPDATES.get(detect_reduction_type(node.wcr))
+
+
+def _nested(node: Reduce, state: dace.SDFGState, sdfg: dace.SDFG, name: str) -> dace.SDFG:
+    """An empty nested SDFG holding the node's input as ``_in`` and its output as ``_out`` (absolute memlets)."""
+    nsdfg = dace.SDFG(name)
+    for connector, edge in (("_in", state.in_edges(node)[0]), ("_out", state.out_edges(node)[0])):
+        nsdfg.add_datadesc(connector, copy.deepcopy(sdfg.arrays[edge.data.data]))
+        nsdfg.arrays[connector].transient = False
+    state.in_edges(node)[0]._dst_conn = "_in"
+    state.out_edges(node)[0]._src_conn = "_out"
+    node.add_in_connector("_in")
+    node.add_out_connector("_out")
+    return nsdfg
+
+
+def _output_index(out: list[int], params: list[str]) -> str:
+    """Index of the output element of ``params`` (one per kept axis, in order; kept axes of length 1 drop out)."""
+    kept = iter(params)
+    return ", ".join("0" if size == 1 else next(kept) for size in out)
+
+
+@register_expansion(Reduce, "dcnb-rows")
+class RowReduction(ExpandTransformation):
+    """A map over the rows around one tasklet that reduces its row in a ``#pragma omp simd reduction`` loop."""
+
+    environments = []
+
+    @staticmethod
+    def expansion(node: Reduce, state: dace.SDFGState, sdfg: dace.SDFG) -> dace.SDFG:
+        shape, out, _ = _shapes(node, state)
+        omp, update = _row_update(node, state)
+        dtype = sdfg.arrays[state.in_edges(node)[0].data.data].dtype
+        nsdfg = _nested(node, state, sdfg, "reduce_rows")
+        params = [f"_r{i}" for i in range(len(shape) - 1)]
+        body = nsdfg.add_state("reduce")
+        entry, exit_ = body.add_map("rows", {p: f"0:{n}" for p, n in zip(params, shape)})
+        tasklet = body.add_tasklet(
+            "reduce_row",
+            {"_row": dace.pointer(dtype)},
+            {"_o": dtype},
+            f"{dtype.ctype} acc = {dtype.ctype}({node.identity});\n"
+            f"#pragma omp simd reduction({omp}:acc)\n"
+            f"for (int i = 0; i < {shape[-1]}; ++i) acc = {update};\n"
+            "_o = acc;",
+            language=dace.Language.CPP,
+        )
+        index = _output_index(out, [p for p, n in zip(params, shape) if n != 1])
+        row = dace.Memlet(f"_in[{', '.join(params)}, 0:{shape[-1]}]")
+        body.add_memlet_path(body.add_read("_in"), entry, tasklet, dst_conn="_row", memlet=row)
+        body.add_memlet_path(
+            tasklet, exit_, body.add_write("_out"), src_conn="_o", memlet=dace.Memlet(f"_out[{index}]")
+        )
+        return nsdfg
+
+
+@register_expansion(Reduce, "dcnb-columns")
+class ColumnSums(ExpandTransformation):
+    """A parallel map over tiles of columns around a sequential walk over the rows, the tile's columns innermost."""
+
+    environments = []
+
+    @staticmethod
+    def expansion(node: Reduce, state: dace.SDFGState, sdfg: dace.SDFG) -> dace.SDFG:
+        shape, out, _ = _shapes(node, state)
+        tile = _column_tile(node, state)
+        nsdfg = _nested(node, state, sdfg, "reduce_columns")
+        rows = [f"_r{i}" for i in range(len(shape) - 1)]
+        index = _output_index(out, ["_c"])
+        init = nsdfg.add_state("reset")
+        init.add_mapped_tasklet(
+            "reset",
+            {"_c": f"0:{shape[-1]}"},
+            {},
+            f"o = {node.identity}",
+            {"o": dace.Memlet(f"_out[{index}]")},
+            external_edges=True,
+        )
+        body = nsdfg.add_state_after(init, "sum")
+        tiles_entry, tiles_exit = body.add_map("column_tiles", {"_t": f"0:{shape[-1] // tile}"})
+        ranges = {r: f"0:{n}" for r, n in zip(rows, shape)} | {"_c": f"_t * {tile}:_t * {tile} + {tile}"}
+        rows_entry, rows_exit = body.add_map("rows", ranges, schedule=dace.ScheduleType.Sequential)
+        add = body.add_tasklet("add", {"b"}, {"o"}, "o = b")
+        element = dace.Memlet(f"_in[{', '.join(rows)}, _c]")
+        body.add_memlet_path(body.add_read("_in"), tiles_entry, rows_entry, add, dst_conn="b", memlet=element)
+        total = dace.Memlet(f"_out[{index}]", wcr=node.wcr)
+        body.add_memlet_path(add, rows_exit, tiles_exit, body.add_write("_out"), src_conn="o", memlet=total)
+        return nsdfg
