@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import pathlib
 import re
 import time
 import warnings
@@ -13,6 +14,7 @@ import dace
 from dace.codegen import codegen, compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.codegen.exceptions import CompilationError, CompilerConfigurationError
+from dace.codegen.target import TargetCodeGenerator
 from dace.config import Config, temporary_config
 from dace.sdfg import nodes
 
@@ -43,6 +45,7 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
         folders = {k: _generate(s, k) for s, k in todo}
         if todo:
             events.emit("build")
+            _precompile_header(folders.values())
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(todo)) as pool:
                 futures = {k: pool.submit(_compile, folders[k], s.name) for s, k in todo}
                 for k, future in futures.items():
@@ -110,6 +113,24 @@ def _generate(sdfg: dace.SDFG, key: str):
     except Exception as e:
         raise CompileError(f"DaCe could not generate code for {sdfg.name}: {_first_line(e)}", log=str(e)) from e
     return compiler.generate_program_folder(sdfg, objects, str(_folder(key, sdfg)))
+
+
+def _precompile_header(folders) -> None:
+    """Build DaCe's precompiled runtime header here, once, before the compiles start in parallel.
+
+    DaCe stages the header under a name made of the process id only, so two threads of one process building it
+    at once write the same file and leave a corrupt header that crashes every later compile (cc1plus segfaults).
+    """
+    for targets in {_targets(folder) for folder in folders}:
+        compiler.prepare_precompiled_header(dict(targets))
+
+
+def _targets(folder) -> frozenset:
+    with open(pathlib.Path(folder) / "dace_files.csv") as f:
+        names = {line.split(",")[0].strip() for line in f if line.strip()}
+    return frozenset(
+        (name, next(k for k, v in TargetCodeGenerator.extensions().items() if v["name"] == name)) for name in names
+    )
 
 
 def _compile(folder: str, name: str) -> None:

@@ -1,0 +1,31 @@
+"""Builds from a cold machine: nothing cached, neither dcnb's builds nor DaCe's precompiled header."""
+
+import threading
+
+import pytest
+import torch
+from dace.codegen import compiler
+
+import dcnb
+from models import Mish
+
+pytestmark = pytest.mark.compile
+
+
+def test_a_cold_build_cache_prepares_the_precompiled_header_before_the_parallel_compiles(
+    fresh_cache, tmp_path, monkeypatch
+):
+    # DaCe stages its precompiled header under the process id: two threads building it at once corrupted it
+    monkeypatch.setenv("DACE_BUILD_CACHE_DIR", str(tmp_path / "dace"))
+    threads = []
+    prepare = compiler.prepare_precompiled_header
+
+    def spy(targets):
+        threads.append(threading.current_thread())
+        return prepare(targets)
+
+    monkeypatch.setattr(compiler, "prepare_precompiled_header", spy)
+    session = dcnb.optimize(Mish(), torch.rand(2, 3, 5, 7), baselines=(), time_budget=0.05)
+    assert session.current.ok and session.current.compile_seconds > 0
+    assert threads[0] is threading.current_thread()
+    assert len(list((tmp_path / "dace").rglob("pch/*/*.gch"))) == 1
