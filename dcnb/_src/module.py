@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -31,9 +32,11 @@ class Runner:
         self.names = imported.inputs + self.params
         fwd = program.forward
         self._outputs = [(name, fwd.arrays[name]) for name in imported.outputs]
-        given = set(self.names) | set(imported.outputs)
-        self._stored = [(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
+        self._updates = [(name, fwd.arrays[name]) for name in imported.buffer_updates]
         self._constants = _constants(imported, fwd)
+        # constants the backward reads are passed to it as constants, not stored by the forward
+        given = set(self.names) | set(imported.outputs) | set(imported.constants)
+        self._stored = [(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
         if backward is not None:
             bwd = program.backward
             self._grads = [
@@ -43,17 +46,22 @@ class Runner:
             self._output_grads = [(program.output_grads.get(name), desc) for name, desc in self._outputs]
             self._bwd_constants = _constants(imported, bwd)
 
-    def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    def forward(
+        self, tensors: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Outputs, what the backward needs, and new values of buffers by path (BatchNorm statistics)."""
         args = {name: t.detach().contiguous() for name, t in zip(self.names, tensors)}
         outputs = {name: _empty(desc) for name, desc in self._outputs}
         stored = {name: _empty(desc) for name, desc in self._stored}
-        self.forward_binary(**args, **outputs, **stored, **self._constants)
+        updates = {name: _empty(desc) for name, desc in self._updates}
+        self.forward_binary(**args, **outputs, **stored, **updates, **self._constants)
         saved = {**args, **outputs, **stored}
-        return list(outputs.values()), saved
+        buffers = {self.imported.buffer_updates[name]: t for name, t in updates.items()}
+        return list(outputs.values()), saved, buffers
 
     def backward(self, saved: dict[str, torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
         assert self.backward_binary is not None
-        args = {name: saved[name] for name in self.program.forwarded}
+        args = {name: saved[name] for name in self.program.forwarded if name not in self._bwd_constants}
         for (grad_name, desc), grad in zip(self._output_grads, grad_outputs):
             if grad_name is not None:
                 shape = _shape(desc)
@@ -72,8 +80,9 @@ class Runner:
 
 class _Apply(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, runner: Runner, *tensors: torch.Tensor):
-        outputs, saved = runner.forward(list(tensors))
+    def forward(ctx, runner: Runner, write_back: Callable[[dict[str, torch.Tensor]], None], *tensors: torch.Tensor):
+        outputs, saved, buffers = runner.forward(list(tensors))
+        write_back(buffers)
         ctx.runner = runner
         ctx.saved = saved
         ctx.shapes = [t.shape for t in tensors]
@@ -83,7 +92,7 @@ class _Apply(torch.autograd.Function):
     def backward(ctx, *grad_outputs: torch.Tensor):
         grads = ctx.runner.backward(ctx.saved, list(grad_outputs))
         ctx.saved = None
-        return (None, *(None if g is None else g.reshape(shape) for g, shape in zip(grads, ctx.shapes)))
+        return (None, None, *(None if g is None else g.reshape(shape) for g, shape in zip(grads, ctx.shapes)))
 
 
 class DcnbModule(nn.Module):
@@ -112,9 +121,17 @@ class DcnbModule(nn.Module):
                 )
         used = [t for t, name in zip(inputs, self._runner.imported.all_inputs) if name in self._runner.imported.inputs]
         params = [p() for p in self._params]
-        outputs = _Apply.apply(self._runner, *used, *params)
+        outputs = _Apply.apply(self._runner, self._write_back, *used, *params)
         outputs = [o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @torch.no_grad()
+    def _write_back(self, buffers: dict[str, torch.Tensor]) -> None:
+        """What PyTorch's training-mode forward does to the module's buffers: new running statistics, counters."""
+        for path, value in buffers.items():
+            self.module.get_buffer(path).copy_(value.reshape(self.module.get_buffer(path).shape))
+        for path in self._runner.imported.counters:
+            self.module.get_buffer(path).add_(1)
 
 
 def _resolve(module: nn.Module, path: str):
