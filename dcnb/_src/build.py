@@ -40,7 +40,7 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
         warnings.simplefilter("ignore")
         _configure(device)
         flags = _flags()
-        prepared = [None if s is None else _prepare(s, device, flags) for s in sdfgs]
+        prepared = [(None, None) if s is None else _prepare(s, device, flags) for s in sdfgs]
         todo = [(s, k) for s, k in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
         folders = {k: _generate(s, k) for s, k in todo}
         if todo:
