@@ -8,6 +8,7 @@ graph views show them: map, tasklet, library-node labels, or array names for acc
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import warnings
@@ -29,7 +30,7 @@ from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import vecmath
+from . import opfixes, vecmath
 from .errors import check
 
 Where = Collection[str] | None
@@ -136,9 +137,11 @@ def _expand(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
 register(
     Action(
         "expand",
-        "Expand ONNX library nodes (matmul, softmax, norms, ...) to their pure maps and tasklets, "
-        "so that fusion can reach inside them and autodiff differentiates the expanded code.",
-        before_autodiff=True,
+        "Expand ONNX library nodes (matmul, softmax, norms, ...) to their pure maps and tasklets in the forward "
+        "and the backward, so that fusion can reach inside them.",
+        # after autodiff: before it, the expanded code replaced the nodes' backward rules, and DaCe's autodiff
+        # fails on many expansions (softmax's max reduction, layer norm's views, C++ loops)
+        before_autodiff=False,
         count=lambda sdfg, where, options: len(_onnx_nodes(sdfg, where)),
         run=_expand,
     )
@@ -236,8 +239,87 @@ def _vector_options(options: dict) -> dict:
     return {"vector_len": options.get("vector_len", vecmath.native_width())}
 
 
+def _vector_matches(sdfg: dace.SDFG, where: Where, options: dict):
+    """Vectorization's matches on maps whose vector code is sure to compile and to be right."""
+    width = options["vector_len"]
+    for match in _matches(Vectorization, sdfg, where, options):
+        try:
+            if _vector_safe(match, width):
+                yield match
+        except TypeError:  # a symbolic range or stride: nothing to prove the conditions with
+            continue
+
+
+def _vector_safe(match: PatternTransformation, width: int) -> bool:
+    """Whether DaCe's Vectorization, applied to the match, gives code that compiles and computes the same.
+
+    Its code dereferences vector pointers, which assumes alignment: every vector must start at a multiple of the
+    width (arrays themselves are allocated 64-byte aligned by PyTorch and DaCe), or a row of 5 floats read as
+    vectors of 4 crashes the process; the range must hold whole vectors, or the rest goes to a scalar copy of the
+    map that matches again, forever. GCC's vectors do not convert to or from scalars in an assignment, so every
+    output must be a vector and some input too, and no output may add a vector into one element (a reduction).
+    """
+    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
+    entry = match.map_entry
+    param = entry.map.params[-1]
+    begin, end, step = entry.map.range[-1]
+    if int(step) != 1 or int(begin) % width or int(end + 1 - begin) % width:
+        return False
+    tasklet = state.successors(entry)[0]
+    if tasklet.code.language != dace.Language.Python or _calls(tasklet.code.code) - VECTOR_FUNCTIONS:
+        return False
+    vector_inputs, types = 0, set()
+    for edge in state.all_edges(tasklet):
+        if edge.data.data is None:
+            continue
+        subset = edge.data.subset
+        if param not in {str(symbol) for symbol in subset.free_symbols}:
+            if edge.src is tasklet:
+                return False  # a scalar output, or one element a whole vector is added into
+            continue  # an input read as a scalar, which GCC broadcasts in arithmetic
+        vector_inputs += edge.dst is tasklet
+        desc = state.sdfg.arrays[edge.data.data]
+        types.add(desc.dtype)
+        for (first, _, _), stride in zip(subset.ndrange(), desc.strides):
+            if int(stride) == 1:
+                offset = dace.symbolic.pystr_to_symbolic(str(first)) - dace.symbolic.pystr_to_symbolic(param)
+                if offset.free_symbols or int(offset) % width:
+                    return False
+            elif int(stride) % width:
+                return False
+    return vector_inputs > 0 and len(types) == 1  # GCC does not convert vectors of floats to doubles
+
+
+#: functions with vector versions that compute what the scalar ones do (DaCe's runtime and vecmath.h); DaCe's
+#: ``heaviside`` compiles for vectors but returns the comparison's bits reinterpreted as floats
+VECTOR_FUNCTIONS = {
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "tanh", "sinh", "cosh", "sin", "cos", "atan", "erf", "erfc",
+    "sqrt", "abs", "fabs", "floor", "ceil", "round", "min", "max", "fmin", "fmax", "pow", "ipow",
+}
+
+
+def _calls(code: list) -> set[str]:
+    """Names of the functions a Python tasklet calls, casts to DaCe types (``dace.float32(1)``) left out."""
+    names = set()
+    for node in (n for statement in code for n in ast.walk(statement)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "dace":
+                continue
+            names.add(func.id if isinstance(func, ast.Name) else ast.unparse(func))
+    return names
+
+
 def _vectorize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
-    applied = _repeat(Vectorization)(sdfg, where, _vector_options(options))
+    options = _vector_options(options)
+    # each map once: DaCe's Vectorization leaves the rest of a range that is no multiple of the width to a scalar
+    # copy of the map, which it matches again, forever
+    todo = {n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.MapEntry)}
+    applied = 0
+    while (match := next((m for m in _vector_matches(sdfg, where, options) if m.map_entry in todo), None)) is not None:
+        todo.discard(match.map_entry)
+        match.apply_pattern(append=False)
+        applied += 1
     if applied:
         vecmath.install(sdfg)
     return applied
@@ -248,7 +330,7 @@ register(
         "vectorization",
         "Compute innermost maps on vectors of floats; transcendental functions go to glibc's vector math (libmvec).",
         before_autodiff=False,
-        count=lambda sdfg, where, options: _count(Vectorization)(sdfg, where, _vector_options(options)),
+        count=lambda sdfg, where, options: sum(1 for _ in _vector_matches(sdfg, where, _vector_options(options))),
         run=_vectorize,
     )
 )
@@ -261,6 +343,7 @@ def _auto_optimize(sdfg: dace.SDFG, where: Where, options: dict, device: str) ->
     check(where is None, "auto_optimize acts on the whole SDFG and cannot be restricted to nodes")
     expand_onnx_nodes(sdfg)
     auto_optimize(sdfg, dace.DeviceType.GPU if device == "cuda" else dace.DeviceType.CPU)
+    opfixes.zeroed_transients_per_call(sdfg)
     return 1
 
 
