@@ -11,6 +11,19 @@ from dcnb._src.session import optimize as optimize
 from dcnb._src.session import replay as replay
 from dcnb._src.version import VERSION as __version__
 
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext dcnb``: registers the ``%%dcoptimize`` cell magic."""
+    from dcnb._src.magic import load_ipython_extension as load  # IPython is needed only here
+
+    load(ipython)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "dcnb"}]
+
+
 __all__ = [
     "CompileError",
     "DcnbError",
@@ -18,6 +31,7 @@ __all__ = [
     "InputError",
     "Session",
     "Step",
+    "load_ipython_extension",
     "UnsupportedOpError",
     "optimize",
     "replay",

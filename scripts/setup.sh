@@ -4,7 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(g++ make cmake python3-venv python3-dev graphviz)
+# graphviz draws the static SDFGs; chromium runs the JupyterLab UI tests (Playwright drives Debian's build)
+APT_PACKAGES=(g++ make cmake python3-venv python3-dev graphviz chromium)
+# the JupyterLab extension builds with node and npm: take Debian's only where none is installed
+command -v node >/dev/null || APT_PACKAGES+=(nodejs)
+command -v npm >/dev/null || APT_PACKAGES+=(npm)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}" ${DCNB_EXTRA_APT:-}; do
@@ -23,7 +27,8 @@ PY=.venv/bin/python
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 
 stamp=.venv/.dcnb-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# reinstall when the package's definition or the extension's sources changed (the build compiles the extension)
+if [ ! -f "$stamp" ] || [ -n "$(find pyproject.toml package.json labextension/src labextension/style -newer "$stamp" -print -quit)" ]; then
     "$PY" -m pip install -q --upgrade pip
     "$PY" -m pip install -q -e ".[test]"
     touch "$stamp"

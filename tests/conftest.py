@@ -12,3 +12,14 @@ os.environ.setdefault("DCNB_CACHE", str(ROOT / ".cache" / "dcnb-test"))
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DCNB_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """A real IPython shell with dcnb's extension loaded (the magic's tests)."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "dcnb")
+    shell.run_cell("import torch\nfrom torch import nn")
+    return shell

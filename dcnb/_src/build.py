@@ -16,9 +16,8 @@ from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.codegen.exceptions import CompilationError, CompilerConfigurationError
 from dace.codegen.target import TargetCodeGenerator
 from dace.config import Config, temporary_config
-from dace.sdfg import nodes
 
-from . import cache, events, vecmath
+from . import cache, events, program, schedule, vecmath
 from .errors import CompileError
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
@@ -80,20 +79,16 @@ def _flags() -> dict[str, str]:
 
 def _prepare(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> tuple[dace.SDFG, str]:
     sdfg = copy.deepcopy(sdfg)
-    if device == "cuda" and _has_host_maps(sdfg):
-        sdfg.apply_gpu_transformations()
+    if device == "cuda" and program.host_maps(sdfg):
+        program.to_gpu(sdfg)
+    if device == "cpu":
+        vecmath.install(sdfg)
+        schedule.apply(sdfg)
     key = cache.key(sdfg, device, flags)
     base = re.sub(r"_[0-9a-f]{16}$", "", sdfg.name)
     sdfg.name = f"{base}_{key[:16]}"
     sdfg.build_folder = str(_folder(key, sdfg))
     return sdfg, key
-
-
-def _has_host_maps(sdfg: dace.SDFG) -> bool:
-    return any(
-        isinstance(n, nodes.MapEntry) and s.entry_node(n) is None and n.map.schedule != dace.ScheduleType.GPU_Device
-        for n, s in sdfg.all_nodes_recursive()
-    )
 
 
 def _folder(key: str, sdfg: dace.SDFG):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import warnings
 from collections.abc import Callable
 
@@ -11,9 +12,10 @@ from dace import data as dt
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from torch import nn
 
+from . import memory
 from .errors import InputError
 from .frontend import Imported
-from .program import Program
+from .program import Program, overwritten
 
 
 # we pass output arrays ourselves, which DaCe notes on every first call of a binary
@@ -23,59 +25,110 @@ warnings.filterwarnings("ignore", message='Return value "__return', category=Use
 class Runner:
     """Calls a Program's compiled forward and backward with torch tensors."""
 
-    def __init__(self, imported: Imported, program: Program, forward: CompiledSDFG, backward: CompiledSDFG | None):
+    def __init__(
+        self,
+        imported: Imported,
+        program: Program,
+        forward: CompiledSDFG,
+        backward: CompiledSDFG | None,
+        device: str = "cpu",
+    ):
         self.imported = imported
+        self.device = torch.device(device)
         self.program = program
         self.forward_binary = forward
         self.backward_binary = backward
+        self._forward_call = _Call(forward)
+        self._backward_call = None if backward is None else _Call(backward)
         self.params = list(imported.param_paths)
         self.names = imported.inputs + self.params
         fwd = program.forward
-        self._outputs = [(name, fwd.arrays[name]) for name in imported.outputs]
-        self._updates = [(name, fwd.arrays[name]) for name in imported.buffer_updates]
-        self._constants = _constants(imported, fwd)
+        # (name, shape, dtype) worked out once: DaCe's descriptors are slow to read on every call
+        self._outputs = [_spec(name, fwd.arrays[name]) for name in imported.outputs]
+        self._updates = [_spec(name, fwd.arrays[name]) for name in imported.buffer_updates]
+        self._constants = _constants(imported, fwd, self.device)
         # constants the backward reads are passed to it as constants, not stored by the forward
         given = set(self.names) | set(imported.outputs) | set(imported.constants)
-        self._stored = [(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
+        self._stored = [_spec(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
         if backward is not None:
             bwd = program.backward
-            self._grads = [
-                (name, program.input_grads.get(name), bwd.arrays.get(program.input_grads.get(name)))
-                for name in self.names
+            grads = [program.input_grads.get(name) for name in self.names]
+            self._grads = [None if g is None else _spec(g, bwd.arrays[g]) for g in grads]
+            self._output_grads = [
+                (program.output_grads.get(name), shape, dtype) for name, shape, dtype in self._outputs
             ]
-            self._output_grads = [(program.output_grads.get(name), desc) for name, desc in self._outputs]
-            self._bwd_constants = _constants(imported, bwd)
+            # gradients the backward accumulates into must start at zero; those it overwrites need not
+            self._accumulated = {g for g in grads if g is not None and not overwritten(bwd, g)}
+            self._bwd_constants = _constants(imported, bwd, self.device)
 
     def forward(
         self, tensors: list[torch.Tensor]
     ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Outputs, what the backward needs, and new values of buffers by path (BatchNorm statistics)."""
-        args = {name: t.detach().contiguous() for name, t in zip(self.names, tensors)}
-        outputs = {name: _empty(desc) for name, desc in self._outputs}
-        stored = {name: _empty(desc) for name, desc in self._stored}
-        updates = {name: _empty(desc) for name, desc in self._updates}
-        self.forward_binary(**args, **outputs, **stored, **updates, **self._constants)
-        saved = {**args, **outputs, **stored}
+        args = {name: _ready(t) for name, t in zip(self.names, tensors)}
+        outputs = [self._empty(shape, dtype) for _, shape, dtype in self._outputs]
+        saved = {**args, **{name: t for (name, _, _), t in zip(self._outputs, outputs)}}
+        for name, shape, dtype in self._stored:
+            saved[name] = self._empty(shape, dtype)
+        updates = {name: self._empty(shape, dtype) for name, shape, dtype in self._updates}
+        self._forward_call({**saved, **updates, **self._constants})
         buffers = {self.imported.buffer_updates[name]: t for name, t in updates.items()}
-        return list(outputs.values()), saved, buffers
+        return outputs, saved, buffers
 
     def backward(self, saved: dict[str, torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
-        assert self.backward_binary is not None
+        assert self._backward_call is not None
         args = {name: saved[name] for name in self.program.forwarded if name not in self._bwd_constants}
-        for (grad_name, desc), grad in zip(self._output_grads, grad_outputs):
+        for (grad_name, shape, dtype), grad in zip(self._output_grads, grad_outputs):
             if grad_name is not None:
-                shape = _shape(desc)
-                args[grad_name] = (
-                    torch.zeros(shape, dtype=_dtype(desc)) if grad is None else grad.detach().reshape(shape).contiguous()
-                )
+                args[grad_name] = self._zeros(shape, dtype) if grad is None else _ready(grad, shape)
         results = []
-        for _, grad_name, desc in self._grads:
-            if grad_name is not None:
-                args[grad_name] = torch.zeros(_shape(desc), dtype=_dtype(desc))
-        self.backward_binary(**args, **self._bwd_constants)
-        for name, grad_name, _ in self._grads:
-            results.append(None if grad_name is None else args[grad_name])
+        for spec in self._grads:
+            if spec is None:
+                results.append(None)
+                continue
+            name, shape, dtype = spec
+            fresh = self._zeros if name in self._accumulated else self._empty
+            args[name] = fresh(shape, dtype)
+            results.append(args[name])
+        self._backward_call({**args, **self._bwd_constants})
         return results
+
+    def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return memory.empty(shape, dtype)
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return memory.zeros(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+
+class _Call:
+    """Calls a binary with a dict of tensors and scalars through ``CompiledSDFG.fast_call``, passing raw pointers in
+    the C signature's order: DaCe's ``__call__`` converts and checks every argument each time, which costs ~90 us
+    per call, more than PyTorch's whole dispatch of a small op. The first call goes through ``__call__``, which
+    loads and initializes the library (and checks the arguments once)."""
+
+    def __init__(self, binary: CompiledSDFG):
+        self.binary = binary
+        arglist = binary.sdfg.arglist()
+        self.order = binary.sdfg.signature_arglist(with_types=False, arglist=arglist)
+        self.scalars = {n: d.dtype.as_ctypes() for n, d in arglist.items() if isinstance(d, dt.Scalar)}
+        # symbolic sizes would need DaCe's own argument handling
+        self.direct = not binary.sdfg.free_symbols
+        self.ready = False
+
+    def __call__(self, args: dict) -> None:
+        if not (self.ready and self.direct):
+            self.binary(**args)
+            self.ready = True
+            return
+        scalars = self.scalars
+        pointers = tuple(
+            scalars[n](args[n]) if n in scalars else ctypes.c_void_p(args[n].data_ptr()) for n in self.order
+        )
+        self.binary.fast_call(pointers, (), do_gpu_check=True)
 
 
 class _Apply(torch.autograd.Function):
@@ -92,7 +145,7 @@ class _Apply(torch.autograd.Function):
     def backward(ctx, *grad_outputs: torch.Tensor):
         grads = ctx.runner.backward(ctx.saved, list(grad_outputs))
         ctx.saved = None
-        return (None, None, *(None if g is None else g.reshape(shape) for g, shape in zip(grads, ctx.shapes)))
+        return (None, None, *(g if g is None or g.shape == s else g.reshape(s) for g, s in zip(grads, ctx.shapes)))
 
 
 class DcnbModule(nn.Module):
@@ -106,23 +159,28 @@ class DcnbModule(nn.Module):
         super().__init__()
         self.module = module
         self._runner = runner
-        self._example = [(tuple(t.shape), t.dtype) for t in example]
+        self._example = [(t.shape, t.dtype) for t in example]
         self._output_shapes = output_shapes
         self._params = [_resolve(module, path) for path in runner.imported.param_paths.values()]
+        imported = runner.imported
+        self._used = [i for i, name in enumerate(imported.all_inputs) if name in set(imported.inputs)]
 
     def forward(self, *inputs: torch.Tensor):
         if len(inputs) != len(self._example):
             raise InputError(f"{type(self.module).__name__} was compiled for {len(self._example)} inputs, got {len(inputs)}")
         for i, (t, (shape, dtype)) in enumerate(zip(inputs, self._example)):
-            if tuple(t.shape) != shape or t.dtype != dtype:
+            if t.shape != shape or t.dtype != dtype:
                 raise InputError(
                     f"input {i} of {type(self.module).__name__} was compiled as {_fmt(shape, dtype)}; "
                     f"got {_fmt(tuple(t.shape), t.dtype)} (dcnb builds for fixed shapes: optimize again for these)"
                 )
-        used = [t for t, name in zip(inputs, self._runner.imported.all_inputs) if name in self._runner.imported.inputs]
-        params = [p() for p in self._params]
-        outputs = _Apply.apply(self._runner, self._write_back, *used, *params)
-        outputs = [o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
+        tensors = [inputs[i] for i in self._used] + [p() for p in self._params]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            outputs = _Apply.apply(self._runner, self._write_back, *tensors)
+        else:  # nothing to differentiate: skip autograd's bookkeeping (a good part of a small call's cost)
+            outputs, _, buffers = self._runner.forward(tensors)
+            self._write_back(buffers)
+        outputs = [o if o.shape == shape else o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     @torch.no_grad()
@@ -141,13 +199,29 @@ def _resolve(module: nn.Module, path: str):
     return lambda: getattr(owner, attr)
 
 
-def _constants(imported: Imported, sdfg) -> dict:
+def _constants(imported: Imported, sdfg, device: torch.device) -> dict:
     result = {}
     for name, value in imported.constants.items():
         if name in sdfg.arrays and not sdfg.arrays[name].transient:
             desc = sdfg.arrays[name]
-            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else value
+            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else _ready(value.to(device))
     return result
+
+
+def _ready(t: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A detached contiguous tensor (of ``shape``) whose data starts on a 64-byte boundary: vectorized code loads
+    whole aligned vectors, and a view into a larger tensor (x[1:]) may start anywhere."""
+    if t.requires_grad:
+        t = t.detach()
+    if shape is not None and t.shape != shape:
+        t = t.reshape(shape)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t if t.data_ptr() % 64 == 0 else t.clone()
+
+
+def _spec(name: str, desc: dt.Data) -> tuple[str, tuple[int, ...], torch.dtype]:
+    return name, _shape(desc), _dtype(desc)
 
 
 def _shape(desc: dt.Data) -> tuple[int, ...]:
@@ -156,10 +230,6 @@ def _shape(desc: dt.Data) -> tuple[int, ...]:
 
 def _dtype(desc: dt.Data) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=desc.dtype.as_numpy_dtype())).dtype
-
-
-def _empty(desc: dt.Data) -> torch.Tensor:
-    return torch.empty(_shape(desc), dtype=_dtype(desc))
 
 
 def _fmt(shape: tuple[int, ...], dtype: torch.dtype) -> str:

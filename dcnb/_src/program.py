@@ -89,6 +89,7 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
     opfixes.float_min_max(backward)
     for sdfg in (forward, backward):
         opfixes.typed_float_literals(sdfg)
+    _write_gradients_once(backward, list(result.required_grad_names.values()))
     return Program(
         forward=forward,
         backward=backward,
@@ -96,6 +97,100 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
         input_grads=dict(result.required_grad_names),
         output_grads=dict(result.given_grad_names),
     )
+
+
+def _write_gradients_once(sdfg: dace.SDFG, names: list[str]) -> None:
+    """Where one map writes each element of a gradient exactly once, write instead of accumulating (WCR), so that
+    the caller need not zero the array first: a pass over memory saved (see ``overwritten``)."""
+    for name in names:
+        found = _single_writer(sdfg, name)
+        if found is None:
+            continue
+        state, edge = found
+        path = state.memlet_path(edge)
+        inner, exit_node = path[0], path[-1].src
+        if len(path) != 2 or not isinstance(exit_node, nodes.MapExit):
+            continue
+        if state.entry_node(state.entry_node(exit_node)) is not None:  # a map nested in another
+            continue
+        if inner.data.wcr is None or inner.data.dynamic or inner.data.subset.num_elements() != 1:
+            continue
+        params = exit_node.map.params
+        indices = [str(begin) for begin, _, _ in inner.data.subset.ndrange()]
+        shape = sdfg.arrays[name].shape
+        ranges = exit_node.map.range.ndrange()
+        if sorted(indices) != sorted(params) or len(params) != len(shape):
+            continue
+        by_param = dict(zip(params, ranges))
+        if all(by_param[i] == (0, size - 1, 1) for i, size in zip(indices, shape)):
+            for e in path:
+                e.data.wcr = None
+
+
+def _single_writer(sdfg: dace.SDFG, name: str) -> tuple[dace.SDFGState, object] | None:
+    """(state, edge) of the only write into ``name`` when the SDFG has one access node of it and never reads it."""
+    found = [(n, s) for n, s in sdfg.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and n.data == name]
+    if len(found) != 1:
+        return None
+    node, state = found[0]
+    if state.out_degree(node) or state.in_degree(node) != 1 or state.sdfg is not sdfg:
+        return None
+    return state, state.in_edges(node)[0]
+
+
+def overwritten(sdfg: dace.SDFG, name: str) -> bool:
+    """Whether ``sdfg`` writes every element of ``name`` without reading or accumulating into it."""
+    found = _single_writer(sdfg, name)
+    if found is None:
+        return False
+    state, edge = found
+    path = state.memlet_path(edge)
+    if any(e.data.wcr is not None or e.data.dynamic for e in path):
+        return False
+    shape = sdfg.arrays[name].shape
+    if len(path) == 1:
+        return edge.data.subset.covers(dace.subsets.Range.from_array(sdfg.arrays[name]))
+    # from the map's range and the inner memlet: DaCe's Vectorization leaves the outer memlet wrong
+    return len(path) == 2 and isinstance(edge.src, nodes.MapExit) and _tiles_cover(path[0].data.subset, edge.src.map, shape)
+
+
+def _tiles_cover(subset, scope: nodes.Map, shape) -> bool:
+    """Whether a map whose every dimension indexes one array dimension (a tile per iteration) writes all of it."""
+    ranges = dict(zip(scope.params, scope.range.ndrange()))
+    used = set()
+    for (begin, end, step), size in zip(subset.ndrange(), shape):
+        param = str(begin)
+        if step != 1 or param not in ranges or param in used:
+            return False
+        used.add(param)
+        length = dace.symbolic.simplify(end - begin + 1)
+        first, last, stride = ranges[param]
+        try:
+            if not (first == 0 and length.is_Integer and bool(stride <= length) and bool(last + length >= size)):
+                return False
+        except TypeError:  # symbolic sizes: cannot tell, so the caller zeroes
+            return False
+    return used == set(scope.params)
+
+
+def to_gpu(sdfg: dace.SDFG) -> int:
+    """Place arguments in GPU memory and turn every outermost host map into a CUDA kernel; returns the maps moved."""
+    moved = len(host_maps(sdfg))
+    for desc in sdfg.arrays.values():
+        if not desc.transient and not isinstance(desc, dt.Scalar):
+            desc.storage = dace.StorageType.GPU_Global
+    sdfg.apply_gpu_transformations()
+    return moved
+
+
+def host_maps(sdfg: dace.SDFG) -> list[nodes.MapEntry]:
+    return [
+        n
+        for n, state in sdfg.all_nodes_recursive()
+        if isinstance(n, nodes.MapEntry)
+        and state.entry_node(n) is None
+        and n.map.schedule not in (dace.ScheduleType.GPU_Device, dace.ScheduleType.GPU_ThreadBlock)
+    ]
 
 
 def _in_scope_intermediates(sdfg: dace.SDFG) -> set[str]:

@@ -30,7 +30,7 @@ from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import opfixes, vecmath
+from . import algebra, opfixes, program, rows, vecmath
 from .errors import check
 
 Where = Collection[str] | None
@@ -49,6 +49,8 @@ class Action:
     run: Callable[[dace.SDFG, Where, dict, str], int]
     #: devices ("cpu", "cuda") the action is offered on
     devices: tuple[str, ...] = ("cpu", "cuda")
+    #: why_not(sdfg, where, options) -> reasons the action left candidate places alone (for "matches nothing")
+    why_not: Callable[[dace.SDFG, Where, dict], list[str]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,36 +237,66 @@ register(
 # --- vectorization ----------------------------------------------------------------------------------------------
 
 
-def _vector_options(options: dict) -> dict:
-    return {"vector_len": options.get("vector_len", vecmath.native_width())}
+def _vector_widths(options: dict) -> list[int]:
+    """Widths to try, widest first: the one asked for, else the native width and its halves down to 4."""
+    if "vector_len" in options:
+        return [int(options["vector_len"])]
+    native = vecmath.native_width()
+    return [w for w in (native, native // 2, native // 4) if w >= 4]
 
 
-def _vector_matches(sdfg: dace.SDFG, where: Where, options: dict):
-    """Vectorization's matches on maps whose vector code is sure to compile and to be right."""
-    width = options["vector_len"]
-    for match in _matches(Vectorization, sdfg, where, options):
-        try:
-            if _vector_safe(match, width):
+def _vectorizable(sdfg: dace.SDFG, where: Where, options: dict):
+    """A match for each map that can be vectorized whole, with the widest width that fits it."""
+    widths = _vector_widths(options)
+    seen = set()
+    for width in widths:
+        for match in _matches(Vectorization, sdfg, where, {"vector_len": width}):
+            if id(match.map_entry) not in seen and _fits(match, width) and _vector_safe(match, width):
+                seen.add(id(match.map_entry))
                 yield match
-        except TypeError:  # a symbolic range or stride: nothing to prove the conditions with
+
+
+def _fits(match: Vectorization, width: int) -> bool:
+    # DaCe's Vectorization moves a remainder into a scalar "postamble" map, which matches again (a map shorter
+    # than one vector would be split forever), and its code loads vectors through aligned vector pointers (a row
+    # whose length is no multiple of the width crashes). So: whole vectors only, in every row of every array.
+    first, last, step = match.map_entry.map.range[-1]
+    extent = last - first + 1
+    if not all(getattr(v, "is_Integer", isinstance(v, int)) for v in (first, extent, step)):
+        return False
+    if int(step) != 1 or int(first) % width or int(extent) % width:
+        return False
+    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
+    tasklet = state.successors(match.map_entry)[0]
+    for edge in state.all_edges(tasklet):
+        if edge.data.data is None:
             continue
+        desc = state.sdfg.arrays[edge.data.data]
+        for stride in (*desc.strides[:-1], desc.start_offset):
+            if not getattr(stride, "is_Integer", isinstance(stride, int)) or int(stride) % width:
+                return False
+    return True
 
 
 def _vector_safe(match: PatternTransformation, width: int) -> bool:
-    """Whether DaCe's Vectorization, applied to the match, gives code that compiles and computes the same.
+    """Whether DaCe's Vectorization, applied to a match that ``_fits``, gives code that compiles and computes the
+    same.
 
-    Its code dereferences vector pointers, which assumes alignment: every vector must start at a multiple of the
-    width (arrays themselves are allocated 64-byte aligned by PyTorch and DaCe), or a row of 5 floats read as
-    vectors of 4 crashes the process; the range must hold whole vectors, or the rest goes to a scalar copy of the
-    map that matches again, forever. GCC's vectors do not convert to or from scalars in an assignment, so every
-    output must be a vector and some input too, and no output may add a vector into one element (a reduction).
+    Every vector must start at a multiple of the width inside its row (an access at ``i + 1`` is not aligned).
+    GCC's vectors do not convert to or from scalars in an assignment, so every output must be a vector and some
+    input too, and no output may add a vector into one element (a reduction); and only functions with vector
+    versions that compute what the scalar ones do may be called.
     """
+    try:
+        return _vector_code_is_right(match, width)
+    except TypeError:  # a symbolic range or stride: nothing to prove the conditions with
+        return False
+
+
+def _vector_code_is_right(match: PatternTransformation, width: int) -> bool:
     state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
     entry = match.map_entry
     param = entry.map.params[-1]
-    begin, end, step = entry.map.range[-1]
-    if int(step) != 1 or int(begin) % width or int(end + 1 - begin) % width:
-        return False
     tasklet = state.successors(entry)[0]
     if tasklet.code.language != dace.Language.Python or _calls(tasklet.code.code) - VECTOR_FUNCTIONS:
         return False
@@ -311,17 +343,12 @@ def _calls(code: list) -> set[str]:
 
 
 def _vectorize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
-    options = _vector_options(options)
-    # each map once: DaCe's Vectorization leaves the rest of a range that is no multiple of the width to a scalar
-    # copy of the map, which it matches again, forever
-    todo = {n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.MapEntry)}
+    # the vector overloads of the math functions come with every CPU build (build.py installs vecmath.h); the
+    # runner passes 64-byte aligned arrays (module.py)
     applied = 0
-    while (match := next((m for m in _vector_matches(sdfg, where, options) if m.map_entry in todo), None)) is not None:
-        todo.discard(match.map_entry)
+    while (match := next(_vectorizable(sdfg, where, options), None)) is not None:
         match.apply_pattern(append=False)
         applied += 1
-    if applied:
-        vecmath.install(sdfg)
     return applied
 
 
@@ -330,8 +357,37 @@ register(
         "vectorization",
         "Compute innermost maps on vectors of floats; transcendental functions go to glibc's vector math (libmvec).",
         before_autodiff=False,
-        count=lambda sdfg, where, options: sum(1 for _ in _vector_matches(sdfg, where, _vector_options(options))),
+        count=lambda sdfg, where, options: sum(1 for _ in _vectorizable(sdfg, where, options)),
         run=_vectorize,
+    )
+)
+
+
+# --- algebra ----------------------------------------------------------------------------------------------------
+
+register(
+    Action(
+        "simplify_algebra",
+        "Rewrite tasklets (best after tasklet_fusion) into equivalent forms with fewer transcendental calls, e.g. "
+        "Mish and its derivative with one exp; each rewrite is checked against float64 over a wide input range.",
+        before_autodiff=False,
+        count=algebra.count,
+        run=lambda sdfg, where, options, device: algebra.apply(sdfg, where, options),
+        why_not=algebra.reasons,
+    )
+)
+
+
+# --- rows -------------------------------------------------------------------------------------------------------
+
+register(
+    Action(
+        "fuse_rows",
+        "Expand library nodes (softmax, norms, reductions without atomics) and fuse all maps over the same rows "
+        "into one parallel map with sequential loops inside, in the forward and the backward.",
+        before_autodiff=False,
+        count=rows.count,
+        run=lambda sdfg, where, options, device: rows.apply(sdfg, where, options),
     )
 )
 
@@ -359,21 +415,9 @@ register(
 )
 
 
-def _gpu_maps(sdfg: dace.SDFG) -> list[nodes.MapEntry]:
-    return [
-        n
-        for n, state in sdfg.all_nodes_recursive()
-        if isinstance(n, nodes.MapEntry)
-        and state.entry_node(n) is None
-        and n.map.schedule not in (dace.ScheduleType.GPU_Device, dace.ScheduleType.GPU_ThreadBlock)
-    ]
-
-
 def _to_gpu(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
     check(where is None, "gpu moves the whole SDFG and cannot be restricted to nodes")
-    count = len(_gpu_maps(sdfg))
-    sdfg.apply_gpu_transformations()
-    return count
+    return program.to_gpu(sdfg)
 
 
 register(
@@ -381,7 +425,7 @@ register(
         "gpu",
         "Turn every outermost map into a CUDA kernel and place arrays in GPU memory.",
         before_autodiff=False,
-        count=lambda sdfg, where, options: len(_gpu_maps(sdfg)) if where is None else 0,
+        count=lambda sdfg, where, options: len(program.host_maps(sdfg)) if where is None else 0,
         run=_to_gpu,
         devices=("cuda",),
     )

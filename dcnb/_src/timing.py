@@ -36,32 +36,35 @@ def interleaved(
     fns: dict[str, Callable[[], object]],
     *,
     budget_s: float = 2.0,
-    warmup: int = 2,
+    warmup: int | dict[str, int] = 2,
     min_runs: int = 5,
     max_runs: int = 100,
 ) -> dict[str, Timing]:
     """Time each callable in rounds, rotating the order every round so that no one always runs first.
 
-    The number of rounds fits ``budget_s`` (at least ``min_runs``): slow steps get fewer iterations.
+    ``warmup`` calls of each (a dict gives each its own count: what an earlier run warmed needs none) are not
+    timed. The first timed round also sizes the run: as many rounds as fit ``budget_s``, at least ``min_runs``,
+    so slow steps get fewer iterations.
     """
     names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    start = time.perf_counter()
+    warmups = warmup if isinstance(warmup, dict) else dict.fromkeys(names, warmup)
     for name in names:
-        fns[name]()
-    round_s = max(time.perf_counter() - start, 1e-9)
-    rounds = max(min_runs, min(max_runs, int(budget_s / round_s)))
+        for _ in range(warmups.get(name, 0)):
+            fns[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
     enabled = gc.isenabled()
     gc.disable()
     try:
-        for r in range(rounds):
+        rounds, r = 1, 0
+        while r < rounds:
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 t0 = time.perf_counter()
                 fns[name]()
                 samples[name].append((time.perf_counter() - t0) * 1e3)
+            if r == 0:
+                round_s = max(sum(s[0] for s in samples.values()) / 1e3, 1e-9)
+                rounds = max(min_runs, min(max_runs, int(budget_s / round_s)))
+            r += 1
     finally:
         if enabled:
             gc.enable()

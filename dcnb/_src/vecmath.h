@@ -1,10 +1,39 @@
-// dcnb: math functions on DaCe's vector types (dace::vec<T, N>, GCC vector extensions).
-// DaCe's Vectorization emits calls such as exp(dace::vec<float, 8>) but defines no such overloads;
-// these route them to glibc's libmvec where it has a variant for the ISA we compile for, else apply the
-// scalar function lane by lane (which GCC still vectorizes for simple functions like sqrt).
+// dcnb: math functions for generated CPU code, installed into every CPU build's global code.
+//
+// Scalar code: DaCe's tasklets call math functions unqualified (exp(x)); with only <cmath> included, the global
+// namespace holds the C functions on double alone, so exp(float) silently promotes to double and calls scalar
+// ::exp. The using-declarations below bring std's float overloads into the global namespace (as <math.h> does in
+// C++), and the simd declarations tell GCC that glibc's libmvec has vector variants of these functions, so that
+// GCC vectorizes loops calling them (glibc declares them so only under -ffast-math, which we do not use: it would
+// drop NaN and inf semantics).
+//
+// Vector code: DaCe's Vectorization emits calls such as exp(dace::vec<float, 8>) but defines no such overloads;
+// the overloads further below route them to libmvec where it has a variant for the ISA we compile for, else apply
+// the scalar function lane by lane (which GCC still vectorizes for simple functions like sqrt).
 #ifndef DCNB_VECMATH_H
 #define DCNB_VECMATH_H
 #include <cmath>
+
+using std::acos; using std::asin; using std::atan; using std::atan2; using std::cbrt; using std::ceil;
+using std::cos; using std::cosh; using std::erf; using std::erfc; using std::exp; using std::exp2;
+using std::expm1; using std::fabs; using std::floor; using std::fmax; using std::fmin; using std::fmod;
+using std::hypot; using std::log; using std::log10; using std::log1p; using std::log2; using std::pow;
+using std::sin; using std::sinh; using std::sqrt; using std::tan; using std::tanh; using std::trunc;
+
+// libmvec's vector-function ABI: b = SSE4 (128-bit), d = AVX2 (256-bit), e = AVX-512 (512-bit)
+#if defined(__GLIBC__) && defined(__x86_64__) && !defined(__CUDACC__) && \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+#define DCNB_HAVE_MVEC 1
+#endif
+
+#if defined(DCNB_HAVE_MVEC) && defined(__GNUC__) && !defined(__clang__)
+#define DCNB_SIMD_DECL(fn) \
+    extern "C" __attribute__((simd("notinbranch"))) double fn(double) noexcept; \
+    extern "C" __attribute__((simd("notinbranch"))) float fn##f(float) noexcept;
+DCNB_SIMD_DECL(exp) DCNB_SIMD_DECL(log) DCNB_SIMD_DECL(tanh) DCNB_SIMD_DECL(log1p) DCNB_SIMD_DECL(expm1)
+DCNB_SIMD_DECL(erf) DCNB_SIMD_DECL(erfc) DCNB_SIMD_DECL(sin) DCNB_SIMD_DECL(cos) DCNB_SIMD_DECL(exp2)
+DCNB_SIMD_DECL(log2) DCNB_SIMD_DECL(sinh) DCNB_SIMD_DECL(cosh) DCNB_SIMD_DECL(atan)
+#endif
 
 #define DCNB_LANES(T, N, fn, sfn)                                      \
     static inline dace::vec<T, N> fn(dace::vec<T, N> x) {              \
@@ -31,12 +60,6 @@
 #define DCNB_MVEC(T, N, fn, sym)                                                  \
     extern "C" dace::vec<T, N> sym(dace::vec<T, N>);                              \
     static inline dace::vec<T, N> fn(dace::vec<T, N> x) { return sym(x); }
-
-// libmvec's vector-function ABI: b = SSE4 (128-bit), d = AVX2 (256-bit), e = AVX-512 (512-bit)
-#if defined(__GLIBC__) && defined(__x86_64__) && !defined(__CUDACC__) && \
-    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
-#define DCNB_HAVE_MVEC 1
-#endif
 
 #define DCNB_UNARY(T, N)                                              \
     DCNB_UNARY_MVEC(T, N)                                             \

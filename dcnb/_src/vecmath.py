@@ -1,4 +1,5 @@
-"""Vector math for vectorized CPU code: the overloads in vecmath.h, installed into an SDFG's global code."""
+"""Math for generated CPU code: float overloads, libmvec vector variants and vector-type overloads (vecmath.h),
+installed into an SDFG's global code by every CPU build."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def _header() -> str:
 
 
 def install(sdfg: dace.SDFG) -> None:
-    """Make the vector overloads visible to the SDFG's generated CPU code (once)."""
+    """Make the math overloads visible to the SDFG's generated CPU code (once)."""
     if _GUARD not in sdfg.global_code.get("frame", dace.properties.CodeBlock("")).as_string:
         sdfg.append_global_code(_header())
 

@@ -94,21 +94,39 @@ def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL) -> Chec
             ok, worst, worst_ratio = False, label, math.inf
             errors[label] = math.inf
             continue
-        g64, w64 = g.double(), w.double()
-        both_nan = torch.isnan(g64) & torch.isnan(w64)
-        diff = torch.where(both_nan, torch.zeros_like(g64), (g64 - w64).abs())
-        diff = torch.nan_to_num(diff, nan=math.inf)
-        scale = max(1.0, float(w64.abs().nan_to_num(0.0).max())) if w64.numel() else 1.0
-        bound = atol * scale + rtol * w64.abs().nan_to_num(0.0)
-        abs_err = float(diff.max()) if diff.numel() else 0.0
+        abs_err, ratio, rel = _errors(g, w, rtol, atol)
         errors[label] = abs_err
-        ratio = float((diff / bound).max()) if diff.numel() else 0.0
-        max_rel = max(max_rel, float((diff / w64.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0)
+        max_rel = max(max_rel, rel)
         if ratio > 1.0:
             ok = False
         if ratio > worst_ratio:
             worst, worst_ratio = label, ratio
     return Check(ok, max(errors.values(), default=0.0), max_rel, worst, errors)
+
+
+def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> tuple[float, float, float]:
+    """(max abs error, max error over its bound, max relative error) of one tensor, in the tensors' own precision
+    and mostly in place (a step's check runs on full-size outputs and gradients: float64 temporaries took
+    seconds). nan matches nan and an infinity the same infinity; otherwise a nan or inf in either makes the error
+    infinite."""
+    if not want.numel():
+        return 0.0, 0.0, 0.0
+    dtype = torch.promote_types(got.dtype, want.dtype) if got.is_floating_point() else torch.float64
+    if not dtype.is_floating_point:
+        dtype = torch.float64
+    got, want = got.to(dtype), want.to(dtype)
+    diff = torch.sub(got, want).abs_()
+    if not bool(torch.isfinite(diff).all()):
+        same = (torch.isnan(got) & torch.isnan(want)) | (torch.isinf(want) & (got == want))
+        diff = diff.nan_to_num_(nan=math.inf, posinf=math.inf).masked_fill_(same, 0.0)
+    abs_err = float(diff.max())
+    if abs_err == 0.0:
+        return 0.0, 0.0, 0.0
+    magnitude = torch.abs(want).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    scale = max(1.0, float(magnitude.max()))
+    ratio = float(torch.div(diff, magnitude.mul(rtol).add_(atol * scale)).max())
+    rel = float(diff.div_(magnitude.clamp_min_(1e-12)).max())
+    return abs_err, ratio, rel
 
 
 def _output_label(i: int, n: int) -> str:

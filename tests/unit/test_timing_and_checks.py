@@ -12,10 +12,17 @@ def test_interleaved_timing_rotates_and_fits_the_budget():
     fns = {name: (lambda n=name: order.append(n)) for name in ("a", "b", "c")}
     result = timing.interleaved(fns, budget_s=0.0, warmup=1, min_runs=6)
     assert set(result) == {"a", "b", "c"} and all(t.runs == 6 for t in result.values())
-    measured = order[6:]  # after one warm-up round and one calibration round
-    assert measured[:3] == ["a", "b", "c"] and measured[3:6] == ["b", "c", "a"]
+    measured = order[3:]  # after one warm-up round; the first timed round sizes the run
+    assert len(measured) == 18 and measured[:3] == ["a", "b", "c"] and measured[3:6] == ["b", "c", "a"]
     t = result["a"]
     assert t.min <= t.median <= t.max and t.stdev >= 0
+
+
+def test_interleaved_timing_warms_up_only_what_needs_it():
+    calls = {"new": 0, "warm": 0}
+    fns = {name: (lambda n=name: calls.__setitem__(n, calls[n] + 1)) for name in calls}
+    result = timing.interleaved(fns, budget_s=0.0, warmup={"new": 2}, min_runs=3)
+    assert calls == {"new": 5, "warm": 3} and result["warm"].runs == 3
 
 
 def test_timing_statistics():

@@ -1,0 +1,86 @@
+"""Softmax and LayerNorm forward+backward: PyTorch eager, torch.compile, dcnb naive and dcnb's recipe, timed in
+one interleaved run (medians, ms). ``--json`` prints one JSON line per operator.
+
+    .venv/bin/python benchmarks/norms.py --json [--op softmax|layernorm|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch import nn
+
+import dcnb
+from dcnb._src import timing
+from dcnb._src.cli import _shape
+
+#: operator -> (module factory for an input shape, default shape: attention scores, transformer activations)
+OPS = {
+    "softmax": (lambda shape: nn.Softmax(dim=-1), (16, 256, 512)),
+    "layernorm": (lambda shape: nn.LayerNorm(shape[-1]), (16, 256, 768)),
+}
+RECIPE = ("fuse_rows",)
+
+
+def forward_backward(fn, x: torch.Tensor, upstream: torch.Tensor):
+    x = x.detach().clone().requires_grad_()
+
+    def call() -> None:
+        fn(x).backward(upstream)
+        x.grad = None
+
+    return call
+
+
+def measure(op: str, shape: tuple[int, ...], budget: float) -> dict:
+    make, _ = OPS[op]
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    module = make(shape)
+    naive = dcnb.optimize(module, x, baselines=(), time_budget=0.0)
+    best = dcnb.optimize(module, x, baselines=(), time_budget=0.0)
+    applied = [name for name in RECIPE if best.apply(name).ok]
+    upstream = torch.randn(*shape)
+    candidates = {
+        "torch_eager": module,
+        "torch_compile": torch.compile(module),
+        "dcnb_naive": naive.module,
+        "dcnb": best.module,
+    }
+    times = timing.interleaved(
+        {name: forward_backward(fn, x, upstream) for name, fn in candidates.items()}, budget_s=budget, warmup=2
+    )
+    result = {"op": op, **{f"{name}_ms": round(t.median, 3) for name, t in times.items()}}
+    result |= {
+        "dcnb_vs_torch_eager": round(times["dcnb"].median / times["torch_eager"].median, 3),
+        "dcnb_vs_torch_compile": round(times["dcnb"].median / times["torch_compile"].median, 3),
+        "allclose": all(s.ok and s.check.ok for s in (naive.current, best.current)),
+        "recipe": applied,
+        "shape": list(shape),
+        "runs": times["dcnb"].runs,
+        "device": best.device,
+    }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--op", choices=[*OPS, "both"], default="both")
+    parser.add_argument("--shape", type=_shape, default=None, help="input shape (default per operator)")
+    parser.add_argument("--budget", type=float, default=15.0, help="seconds for each interleaved timing run")
+    parser.add_argument("--json", action="store_true", help="print one JSON line per operator")
+    args = parser.parse_args()
+    for op in OPS if args.op == "both" else [args.op]:
+        result = measure(op, args.shape or OPS[op][1], args.budget)
+        if args.json:
+            print(json.dumps(result), flush=True)
+        else:
+            width = max(map(len, result))
+            for key, value in result.items():
+                print(f"{key:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""``%%dcoptimize``: run a cell that defines an nn.Module, build its session, show the widget, bind a variable.
+
+Bad input raises IPython's UsageError with one paragraph naming the cause (no traceback), after the cell has run,
+so its definitions stay. A compile failure also shows the compiler's log, folded.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import pathlib
+import re
+import time
+from typing import Any
+
+import torch
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
+from torch import nn
+
+from .errors import CompileError, DcnbError
+from .record import BASELINES
+
+
+@magics_class
+class DcnbMagics(Magics):
+    @magic_arguments()
+    @argument("--inputs", metavar="EXPR", nargs="+", help="example inputs: a tensor or a tuple of tensors (their shapes are compiled in)")
+    @argument("--class", dest="cls", metavar="NAME", help="the nn.Module class to optimize, if the cell defines several")
+    @argument("--args", metavar="EXPR", nargs="+", default=[], help="constructor arguments, as in a call: '16, bias=False'")
+    @argument("--no-backward", action="store_true", help="build the forward pass only")
+    @argument("--training", action="store_true", help="optimize the module in training mode (dropout, batch norm)")
+    @argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to compile and run")
+    @argument("--recipe", metavar="FILE", help="a recipe (JSON, from 'Export recipe') to replay after the naive step")
+    @argument("--as", dest="variable", metavar="VAR", help="the variable for the session (default: <class>_opt)")
+    @argument(
+        "--baselines",
+        default=",".join(BASELINES),
+        metavar="LIST",
+        help="what dcnb is timed against, comma-separated: torch, torch_compile (empty: nothing)",
+    )
+    @argument("--time-budget", type=float, default=2.0, metavar="SECONDS", help="seconds of timing per step")
+    @cell_magic
+    def dcoptimize(self, line: str, cell: str) -> None:
+        """Optimize the nn.Module this cell defines with DaCe, step by step, checked against PyTorch.
+
+        The cell runs as usual; dcnb then picks the nn.Module subclass it defines (or ``--class``), instantiates
+        it (with ``--args``), exports it with the example ``--inputs``, builds and checks the naive step, shows the
+        session's widget and binds the session to a variable (``--as``; default: the class name in snake case
+        with ``_opt``, e.g. ``mish_opt``).
+        """
+        args = self.dcoptimize.parser.parse_args(_split(line))
+        # an expression may have spaced out into several arguments
+        args.inputs = None if args.inputs is None else " ".join(args.inputs)
+        args.args = " ".join(args.args)
+        shell = self.shell
+        before = dict(shell.user_ns)
+        result = shell.run_cell(cell)
+        if not result.success:
+            # the cell's own error is shown above, as for any cell; the cell still fails, so "run all" stops
+            raise UsageError("The cell raised an error (above), so there is nothing to optimize yet.")
+        cls = _pick_class(before, shell.user_ns, args.cls)
+        variable = args.variable or _snake(cls.__name__) + "_opt"
+        if not variable.isidentifier():
+            raise UsageError(f"--as {variable!r} is not a Python identifier.")
+        inputs = _inputs(args.inputs, shell.user_ns, cls)
+        module = _instantiate(cls, args.args, shell.user_ns)
+        recipe = _recipe(args.recipe) if args.recipe else []
+        baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
+        for b in baselines:
+            if b not in BASELINES:
+                raise UsageError(f"--baselines: {b!r} is not a baseline; choose from {', '.join(BASELINES)}.")
+        return _build(
+            cls.__name__,
+            module,
+            inputs,
+            variable,
+            shell.user_ns,
+            recipe=recipe,
+            backward=not args.no_backward,
+            training=args.training,
+            device=args.device,
+            baselines=baselines,
+            time_budget=args.time_budget,
+        )
+
+
+def _build(
+    name: str,
+    module: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    variable: str,
+    namespace: dict[str, Any],
+    *,
+    recipe: list[dict[str, Any]],
+    **options: Any,
+) -> None:
+    from .session import optimize
+    from .widget import Progress, SessionWidget
+
+    line = _ProgressLine(name)
+    progress = Progress(line)
+    try:
+        session = optimize(module, *inputs, progress=progress, **options)
+    except CompileError as e:
+        line.close()
+        _show_log(e.log)
+        raise UsageError(f"{name}: {e} (the compiler's log is above).") from None
+    except DcnbError as e:
+        line.close()
+        raise UsageError(f"{name}: {e}") from None
+    except Exception as e:  # a crash inside the exporter or DaCe: still one paragraph, naming where to look
+        line.close()
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UsageError(
+            f"{name}: building the session failed inside PyTorch or DaCe ({type(e).__name__}: {first}). "
+            "Call dcnb.optimize(module, *inputs) in a cell to see the traceback."
+        ) from None
+    failed = None
+    for i, entry in enumerate(recipe):
+        line(f"replaying step {i + 1} of {len(recipe)}: {entry['name']}")
+        step = session.apply(entry["name"], where=entry.get("where"), **entry.get("options", {}))
+        if not step.ok:
+            failed = f"replaying the recipe stopped at step {i + 1} ({entry['name']}): {step.error}"
+            break
+    line.close()
+    namespace[variable] = session
+    widget = SessionWidget(session, variable=variable, progress=progress)
+    widget.display_id = display(widget, display_id=True).display_id
+    if failed:
+        raise UsageError(f"{failed}. The session {variable} holds the steps before it.")
+    return None
+
+
+class _ProgressLine:
+    """One line that says what the build is doing now; it disappears when done."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.start = time.perf_counter()
+        self.handle = display({"text/plain": f"dcnb: {name}: starting"}, raw=True, display_id=True)
+
+    def __call__(self, message: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        if self.handle is not None:
+            self.handle.update({"text/plain": f"dcnb: {self.name}: {message} ({elapsed:.0f} s)"}, raw=True)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+            self.handle = None
+
+
+def _pick_class(before: dict[str, Any], after: dict[str, Any], wanted: str | None) -> type[nn.Module]:
+    if wanted is not None:
+        cls = after.get(wanted)
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise UsageError(f"--class {wanted}: the notebook has no nn.Module subclass named {wanted}.")
+        return cls
+    defined = [
+        v
+        for k, v in after.items()
+        if isinstance(v, type) and issubclass(v, nn.Module) and before.get(k) is not v and not k.startswith("_")
+    ]
+    if not defined:
+        raise UsageError(
+            "The cell defines no torch.nn.Module subclass: %%dcoptimize optimizes the module class its cell "
+            "defines (or the one named with --class)."
+        )
+    if len(defined) > 1:
+        names = ", ".join(sorted(c.__name__ for c in defined))
+        raise UsageError(f"The cell defines several nn.Module classes ({names}); choose one with --class NAME.")
+    return defined[0]
+
+
+def _inputs(expr: str | None, namespace: dict[str, Any], cls: type) -> tuple[torch.Tensor, ...]:
+    if expr is None:
+        raise UsageError(
+            f"{cls.__name__} needs example inputs: add --inputs EXPR, e.g. --inputs 'torch.rand(8, 32)' "
+            "(their shapes are compiled in)."
+        )
+    try:
+        value = eval(expr, namespace)  # noqa: S307 (the user's own expression, as in any cell)
+    except Exception as e:
+        raise UsageError(f"--inputs {expr!r} does not evaluate: {type(e).__name__}: {e}") from None
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.Tensor):
+            raise UsageError(
+                f"--inputs {expr!r}: input {i} is a {type(v).__name__}; the example inputs must be torch tensors."
+            )
+    return values
+
+
+def _instantiate(cls: type[nn.Module], args: str, namespace: dict[str, Any]) -> nn.Module:
+    try:
+        positional, keywords = eval(f"(lambda *a, **k: (a, k))({args})", namespace)  # noqa: S307
+    except Exception as e:
+        raise UsageError(f"--args {args!r} does not evaluate as call arguments: {type(e).__name__}: {e}") from None
+    try:
+        return cls(*positional, **keywords)
+    except Exception as e:
+        raise UsageError(
+            f"{cls.__name__}({args}) failed: {type(e).__name__}: {e}"
+            + ("" if args else " (pass constructor arguments with --args)")
+        ) from None
+
+
+def _recipe(path: str) -> list[dict[str, Any]]:
+    try:
+        recipe = json.loads(pathlib.Path(path).read_text())
+    except OSError as e:
+        raise UsageError(f"--recipe {path}: cannot read it ({e.strerror}).") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--recipe {path} is not JSON: {e}.") from None
+    if not isinstance(recipe, list) or not all(isinstance(s, dict) and "name" in s for s in recipe):
+        raise UsageError(f"--recipe {path} is not a recipe: a JSON list of steps like {{\"name\": \"map_fusion\"}}.")
+    return recipe
+
+
+def _split(line: str) -> list[str]:
+    """The magic's line as arguments: whitespace separates them except inside quotes or brackets, so that
+    ``--inputs torch.rand(2, 8)`` is one expression; quotes around a whole argument are dropped."""
+    tokens: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
+    for ch in line:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)
+        elif ch.isspace() and depth == 0:
+            if current:
+                tokens.append("".join(current))
+                current = []
+            continue
+        current.append(ch)
+    if current:
+        tokens.append("".join(current))
+    return [t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t for t in tokens]
+
+
+def _snake(name: str) -> str:
+    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", words)
+    return words.lower()
+
+
+def _show_log(log: str) -> None:
+    display(
+        {
+            "text/plain": log,
+            "text/html": "<details><summary>compiler log</summary><pre>" + html.escape(log) + "</pre></details>",
+        },
+        raw=True,
+    )
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(DcnbMagics)

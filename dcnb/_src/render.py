@@ -1,0 +1,275 @@
+"""A session as static HTML: SVGs of the current graphs (Graphviz) and the tables of its steps.
+
+This is what a saved notebook shows without a kernel (JupyterLab, nbconvert's HTML, GitHub). Every name,
+label and piece of code is text here: it goes through ``html.escape`` or Graphviz's own escaping and the SVGs
+are embedded as ``<img>`` data, which cannot run scripts.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import html
+import shutil
+import subprocess
+from typing import Any
+
+from . import graph as graphs
+from .record import MIB, Step
+from .session import Session
+
+#: above this many nodes the static picture draws each outermost map as one box
+COLLAPSE_ABOVE = 250
+BASELINE_NAMES = {"dcnb": "dcnb", "torch": "torch eager", "torch_compile": "torch.compile"}
+
+# SDFV's shapes and colours: access nodes are ellipses, tasklets octagons, map entries and exits trapezoids,
+# library nodes boxes, nested SDFGs double boxes
+_SHAPES = {
+    graphs.ACCESS: 'shape=ellipse style=filled fillcolor="#ffffff"',
+    graphs.TASKLET: 'shape=octagon style=filled fillcolor="#ffffff"',
+    graphs.MAP_ENTRY: 'shape=trapezium style=filled fillcolor="#d6e4ff"',
+    graphs.MAP_EXIT: 'shape=invtrapezium style=filled fillcolor="#d6e4ff"',
+    graphs.LIBRARY: 'shape=box style="filled,rounded" fillcolor="#ffe9c7"',
+    graphs.NESTED: 'shape=box peripheries=2 style=filled fillcolor="#eeeeee"',
+    graphs.OTHER: "shape=box",
+}
+
+
+def to_html(session: Session) -> str:
+    """The whole session: title, the current step, the history, and both graphs."""
+    current = session.current
+    parts = [
+        '<div class="dcnb-static" style="font-family: sans-serif; font-size: 13px">',
+        f"<h4 style='margin: 4px 0'>dcnb session: {_e(session.name)} on {_e(session.device)}</h4>",
+        step_html(current),
+        "<h5 style='margin: 8px 0 4px'>History</h5>",
+        history_html(session.history, current.index),
+        chart_svg(session.history),
+    ]
+    for title, sdfg in (("Forward SDFG", session.forward_sdfg), ("Backward SDFG", session.backward_sdfg)):
+        if sdfg is None:
+            continue
+        picture = graphs.describe(sdfg)
+        parts.append(f"<div class='dcnb-static-graph'>")
+        parts.append(f"<h5 style='margin: 8px 0 4px'>{title}: {_e(sdfg.name)} ({graphs.size(picture)} nodes)</h5>")
+        parts.append(graph_img(picture))
+        parts.append("</div>")
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def step_html(step: Step) -> str:
+    """One step: ok or the reason it failed, allclose, memory, compile time, and its timing table."""
+    if not step.ok:
+        return f"<p><b>step {step.index}: {_e(step.title)} failed</b>: {_e(step.error or '')}</p>"
+    rows = []
+    if step.check is not None:
+        rows.append(
+            f"allclose: <b>{'yes' if step.check.ok else 'NO'}</b> (max abs error {step.check.max_abs_error:.3g} "
+            f"in {_e(step.check.worst or 'nothing')})"
+        )
+    if step.intermediate_bytes is not None:
+        rows.append(f"intermediate memory: {step.intermediate_bytes / MIB:.2f} MiB")
+    if step.compile_seconds is not None:
+        rows.append(f"compile: {step.compile_seconds:.1f} s" + (" (cached)" if step.compile_seconds == 0 else ""))
+    text = f"<p><b>step {step.index}: {_e(step.title)}</b> &middot; " + " &middot; ".join(rows) + "</p>"
+    return text + timing_html(step)
+
+
+def timing_html(step: Step) -> str:
+    if not step.timings:
+        return ""
+    head = "".join(f"<th>{h}</th>" for h in ("", "Min", "Mean", "Median", "Stdev", "Max"))
+    body = "".join(
+        f"<tr><th>{_e(BASELINE_NAMES.get(name, name))}</th>"
+        + "".join(f"<td>{getattr(t, k):.3f}</td>" for k in ("min", "mean", "median", "stdev", "max"))
+        + "</tr>"
+        for name, t in step.timings.items()
+    )
+    return f"<table class='dcnb-timing'><caption>ms per forward+backward</caption><tr>{head}</tr>{body}</table>"
+
+
+def history_html(steps: list[Step], current: int | None = None) -> str:
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("#", "step", "ok", "max abs err", "interm. MiB", "compile s", "dcnb ms", "torch ms",
+                  "torch.compile ms", "vs torch")
+    )
+    rows = []
+    for s in steps:
+        mark = " style='font-weight: bold'" if s.index == current else ""
+        if not s.ok:
+            rows.append(
+                f"<tr{mark}><td>{s.index}</td><td>{_e(s.title)}</td><td>no</td><td colspan='7'>{_e(s.error or '')}</td></tr>"
+            )
+            continue
+        cells = [
+            str(s.index),
+            _e(s.title),
+            "yes",
+            _num(s.max_abs_error, "{:.2e}"),
+            _num(None if s.intermediate_bytes is None else s.intermediate_bytes / MIB, "{:.2f}"),
+            _num(s.compile_seconds, "{:.1f}"),
+            *(_num(s.timings[n].median if n in s.timings else None, "{:.3f}") for n in ("dcnb", "torch", "torch_compile")),
+            _num(s.speedup(), "{:.2f}x"),
+        ]
+        rows.append(f"<tr{mark}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return f"<table class='dcnb-history'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
+    """Median ms per step as bars (dcnb), with torch eager and torch.compile as lines; empty without timings."""
+    timed = [s for s in steps if s.ok and "dcnb" in s.timings]
+    if not timed:
+        return ""
+    top = max(max(t.median for t in s.timings.values()) for s in timed) * 1.1
+    # a bar is never wider than 60px, so that one step does not fill the chart
+    pad, bar = 30, min((width - 40) / len(timed), 60)
+    scale = (height - pad) / top
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        'font-family="sans-serif" font-size="10"><title>median ms per step</title>',
+        f'<text x="2" y="10">median ms (top {top:.3g})</text>',
+    ]
+    for i, s in enumerate(timed):
+        h = s.timings["dcnb"].median * scale
+        x = 30 + i * bar
+        out.append(f'<rect x="{x + 2:.1f}" y="{height - 14 - h:.1f}" width="{bar - 4:.1f}" height="{h:.1f}" fill="#4a7bd0"/>')
+        out.append(f'<text x="{x + 2:.1f}" y="{height - 2}">{s.index}</text>')
+    for name, colour in (("torch", "#d9534f"), ("torch_compile", "#5cb85c")):
+        points = [
+            f"{30 + (i + 0.5) * bar:.1f},{height - 14 - s.timings[name].median * scale:.1f}"
+            for i, s in enumerate(timed)
+            if name in s.timings
+        ]
+        if points:
+            out.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="2"/>')
+    out.append(
+        '<text x="150" y="10" fill="#4a7bd0">dcnb</text><text x="185" y="10" fill="#d9534f">torch</text>'
+        '<text x="220" y="10" fill="#5cb85c">torch.compile</text></svg>'
+    )
+    return "".join(out)
+
+
+# --- graphs ---------------------------------------------------------------------------------------------------
+
+
+def graph_img(picture: dict[str, Any]) -> str:
+    """The picture as an SVG image, or a note where Graphviz is not installed."""
+    svg = to_svg(picture)
+    if svg is None:
+        return "<p><i>(install Graphviz to see the graph here)</i></p>"
+    data = base64.b64encode(svg.encode()).decode()
+    return f'<img alt="{_e(picture["name"])}" style="max-width: 100%" src="data:image/svg+xml;base64,{data}"/>'
+
+
+def to_svg(picture: dict[str, Any]) -> str | None:
+    """The SVG Graphviz draws of a picture, or None without Graphviz's ``dot``."""
+    dot = _dot()
+    if dot is None:
+        return None
+    done = subprocess.run([dot, "-Tsvg"], input=to_dot(picture), capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        return None
+    return done.stdout
+
+
+@functools.cache
+def _dot() -> str | None:
+    return shutil.which("dot")
+
+
+def to_dot(picture: dict[str, Any]) -> str:
+    """The picture in Graphviz's language: states and map scopes as clusters (outermost maps collapsed if large)."""
+    collapse = graphs.size(picture) > COLLAPSE_ABOVE
+    lines = [
+        "digraph sdfg {",
+        '  graph [fontname="Helvetica" fontsize=10 rankdir=TB compound=true];',
+        '  node [fontname="Helvetica" fontsize=10 height=0.3];',
+        '  edge [fontname="Helvetica" fontsize=8 color="#555555"];',
+    ]
+    _dot_sdfg(picture, lines, collapse, "  ")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _dot_sdfg(picture: dict[str, Any], lines: list[str], collapse: bool, indent: str) -> None:
+    for state in picture["states"]:
+        lines.append(f'{indent}subgraph "cluster_{state["id"]}" {{')
+        lines.append(f'{indent}  label={_q(state["label"])} style=filled fillcolor="#eef2f8" color="#8a99b8";')
+        by_scope: dict[str | None, list[dict[str, Any]]] = {}
+        for node in state["nodes"]:
+            by_scope.setdefault(node["scope"], []).append(node)
+        shown = _scope_nodes(state, by_scope, None, lines, collapse, indent + "  ")
+        for edge in state["edges"]:
+            src, dst = shown.get(edge["src"]), shown.get(edge["dst"])
+            if src is None or dst is None or src == dst:
+                continue
+            label = edge["label"] + (f"\nvolume {edge['volume']}" if edge.get("volume") else "")
+            lines.append(f"{indent}  {_q(src)} -> {_q(dst)} [label={_q(label)}];")
+        lines.append(f"{indent}}}")
+    for e in picture["interstate"]:
+        lines.append(f'{indent}{_q(e["src"] + ":anchor")} -> {_q(e["dst"] + ":anchor")} [label={_q(e["label"])}];')
+
+
+def _scope_nodes(
+    state: dict[str, Any],
+    by_scope: dict[str | None, list[dict[str, Any]]],
+    scope: str | None,
+    lines: list[str],
+    collapse: bool,
+    indent: str,
+) -> dict[str, str]:
+    """Emit the nodes of one scope; returns node id -> the id drawn for it (a collapsed map stands for its body)."""
+    shown: dict[str, str] = {}
+    if scope is None and state["nodes"]:
+        lines.append(f'{indent}{_q(state["id"] + ":anchor")} [shape=point style=invis];')
+    for node in by_scope.get(scope, []):
+        if node["kind"] == graphs.MAP_ENTRY:
+            if collapse:
+                body = _descendants(node["id"], by_scope)
+                lines.append(
+                    f"{indent}{_q(node['id'])} [label={_q(node['label'] + ' [' + node['info'].get('range', '') + ']' + chr(10) + f'({len(body)} nodes inside)')} "
+                    f"{_SHAPES[graphs.MAP_ENTRY]}];"
+                )
+                shown[node["id"]] = node["id"]
+                shown.update({n: node["id"] for n in body})
+                continue
+            lines.append(f'{indent}subgraph "cluster_{node["id"]}" {{')
+            lines.append(f'{indent}  label="" style=dashed color="#4a7bd0";')
+            lines.append(_dot_node(node, indent + "  "))
+            shown[node["id"]] = node["id"]
+            shown.update(_scope_nodes(state, by_scope, node["id"], lines, collapse, indent + "  "))
+            lines.append(f"{indent}}}")
+            continue
+        lines.append(_dot_node(node, indent))
+        shown[node["id"]] = node["id"]
+    return shown
+
+
+def _descendants(scope: str, by_scope: dict[str | None, list[dict[str, Any]]]) -> list[str]:
+    found = []
+    for node in by_scope.get(scope, []):
+        found.append(node["id"])
+        found.extend(_descendants(node["id"], by_scope) if node["kind"] == graphs.MAP_ENTRY else [])
+    return found
+
+
+def _dot_node(node: dict[str, Any], indent: str) -> str:
+    label = node["label"]
+    if node["kind"] in (graphs.MAP_ENTRY, graphs.MAP_EXIT):
+        label += f" [{node['info'].get('range', '')}]"
+    return f"{indent}{_q(node['id'])} [label={_q(label)} {_SHAPES.get(node['kind'], 'shape=box')}];"
+
+
+def _q(text: str) -> str:
+    """A Graphviz quoted string holding ``text`` literally (Graphviz escapes it again when writing SVG)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "" if value is None else fmt.format(value)

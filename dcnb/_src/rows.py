@@ -1,0 +1,115 @@
+"""fuse_rows: softmax- and normalization-like code as one parallel map over rows, as a hand-written kernel has it.
+
+DaCe expands ONNX Softmax, LayerNormalization and their backward passes into a chain of maps over whole tensors
+with reductions in between, and by default a reduction is a map over all elements adding into its output with
+atomics. This action, after autodiff, on the forward and the backward:
+
+1. expands library nodes, reductions as a map over the kept dimensions with a sequential loop over the reduced
+   ones (DaCe's "pure-seq" expansion: no atomics);
+2. splits every map of several dimensions into a map over all but the last (the rows) around a sequential map
+   over the last (MapExpansion, then MapCollapse of the outer ones);
+3. fuses the row maps (MapFusion, outermost maps only): what one row needs (its maximum, its sum, its
+   exponentials) then stays in cache or on the stack, and each row is read from memory once or twice instead of
+   once per operation; the loops inside stay apart, so that GCC vectorizes the elementwise ones;
+4. puts small constant-size transients on the stack (DaCe's move_small_arrays_to_stack, with a 4096-element
+   limit), so that per-row buffers are not heap allocations in the loop.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import dace
+from dace.config import Config, temporary_config
+from dace.libraries.standard import Reduce
+from dace.sdfg import nodes
+from dace.transformation.auto.auto_optimize import move_small_arrays_to_stack
+from dace.transformation.dataflow import MapCollapse, MapExpansion, MapFusion
+from dace.transformation.onnx.optimize import expand_onnx_nodes
+from dace.transformation.optimizer import Optimizer
+
+#: elements up to which a constant-size transient lives on the stack (a row of 4096 floats is 16 KiB)
+STACK_ELEMENTS = 4096
+
+
+def count(sdfg: dace.SDFG, where, options: dict) -> int:
+    """Library nodes this would expand, or 0 (it only pays where there are reductions to restructure)."""
+    if where is not None:
+        return 0
+    return sum(1 for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.LibraryNode))
+
+
+def apply(sdfg: dace.SDFG, where, options: dict) -> int:
+    if where is not None or not count(sdfg, where, options):
+        return 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _expand(sdfg)
+        sdfg.simplify()
+        _split_rows(sdfg)
+        fused = _fuse_outermost(sdfg)
+        for state in sdfg.states():
+            for node in state.nodes():
+                if isinstance(node, nodes.MapEntry) and state.entry_node(node) is None:
+                    node.map.schedule = dace.ScheduleType.Default  # the build's CPU policy decides
+        with temporary_config():
+            Config.set("optimizer", "autotile_size", value=STACK_ELEMENTS)
+            move_small_arrays_to_stack(sdfg)
+    return max(fused, 1)
+
+
+def _fuse_outermost(sdfg: dace.SDFG) -> int:
+    """MapFusion of row maps only: fusing the loops inside them too would put a reduction into the loop that
+    computes its operands (exp(x - max) into the sum), which GCC then cannot vectorize without reassociating."""
+    fused = 0
+    while True:
+        matches = Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion])
+        match = next((m for m in matches if _outermost(m)), None)
+        if match is None:
+            return fused
+        match.apply_pattern(append=False)
+        fused += 1
+
+
+def _outermost(match: MapFusion) -> bool:
+    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
+    return state.entry_node(match.second_map_entry) is None and state.sdfg is match._sdfg
+
+
+def _expand(sdfg: dace.SDFG) -> None:
+    expand_onnx_nodes(sdfg)
+    while any(isinstance(n, nodes.LibraryNode) for n, _ in sdfg.all_nodes_recursive()):
+        for node, _ in sdfg.all_nodes_recursive():
+            if isinstance(node, Reduce):
+                node.implementation = "pure-seq"
+        sdfg.expand_library_nodes(recursive=False)
+
+
+def _split_rows(sdfg: dace.SDFG) -> None:
+    for state in sdfg.states():
+        for entry in [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and state.entry_node(n) is None]:
+            dims = entry.map.get_param_num()
+            if dims >= 2:
+                MapExpansion.apply_to(
+                    sdfg, map_entry=entry, expansion_limit=dims - 1, inner_schedule=dace.ScheduleType.Sequential
+                )
+    while _collapse_one(sdfg):
+        pass
+
+
+def _collapse_one(sdfg: dace.SDFG) -> bool:
+    """Collapse one pair of nested maps whose inner map is not innermost (its body holds another map)."""
+    for state in sdfg.states():
+        for outer in [n for n in state.nodes() if isinstance(n, nodes.MapEntry)]:
+            inner = {e.dst for e in state.out_edges(outer)}
+            if len(inner) != 1 or not isinstance(next(iter(inner)), nodes.MapEntry):
+                continue
+            inner = next(iter(inner))
+            if not any(isinstance(e.dst, nodes.MapEntry) for e in state.out_edges(inner)):
+                continue
+            # MapExpansion made the inner maps sequential; the outer part of the rows keeps the outer schedule
+            inner.map.schedule = outer.map.schedule
+            if MapCollapse.can_be_applied_to(sdfg, outer_map_entry=outer, inner_map_entry=inner):
+                MapCollapse.apply_to(sdfg, outer_map_entry=outer, inner_map_entry=inner)
+                return True
+    return False

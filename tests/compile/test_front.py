@@ -1,0 +1,141 @@
+"""The magic and the widget over real sessions: builds, requests from the view, the recipe, the static view."""
+
+import json
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import dcnb
+from dcnb._src import render
+from dcnb._src.widget import SessionWidget
+from models import Mish
+
+pytestmark = pytest.mark.compile
+
+MISH_CELL = """
+import torch.nn.functional as F
+class Mish(nn.Module):
+    def forward(self, x):
+        return x * torch.tanh(F.softplus(x))
+"""
+FAST = "--inputs torch.rand(2,4,8,8) --baselines '' --time-budget 0.05"
+
+
+@pytest.fixture(scope="module")
+def session():
+    torch.manual_seed(0)
+    return dcnb.optimize(Mish(), torch.rand(2, 4, 8, 8), baselines=("torch",), time_budget=0.05)
+
+
+def test_the_magic_builds_binds_and_shows(ip, capsys):
+    ip.run_cell_magic("dcoptimize", FAST, MISH_CELL)
+    session = ip.user_ns["mish_opt"]
+    assert isinstance(session, dcnb.Session) and session.current.ok
+    assert isinstance(ip.user_ns["Mish"], type)
+    out = capsys.readouterr().out
+    assert "dcnb: Mish: compiling" in out  # progress while it works
+    assert "dcnb session: Mish (2x4x8x8) on cpu" in out  # the widget's text/plain outside Jupyter
+
+
+def test_the_magic_names_an_unsupported_op(ip):
+    cell = "class Det(nn.Module):\n    def forward(self, x):\n        return torch.det(x)\n"
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("dcoptimize", "--inputs torch.rand(3,3) --baselines ''", cell)
+    message = str(raised.value)
+    assert message.startswith("Det: ") and "Det" in message[5:] and "\n" not in message
+    assert "det" in message.lower().split(":", 1)[1]
+
+
+def _request(widget: SessionWidget, **content) -> None:
+    """Deliver a message as the browser's view sends it, through the comm's handler."""
+    widget._handle_msg({"content": {"data": {"method": "custom", "content": content}}, "buffers": []})
+
+
+def test_the_widget_mirrors_the_session_and_answers_requests(session, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    w = SessionWidget(session, variable="mish_opt")
+    assert w.title == "Mish (2x4x8x8) on cpu"
+    assert w.graphs["forward"]["states"] and w.graphs["backward"]["states"]
+    offers = {a["name"]: a for a in w.actions}
+    assert offers["tasklet_fusion"]["matches"] > 0 and offers["tasklet_fusion"]["before_autodiff"]
+    assert [s["name"] for s in w.steps] == ["naive"] and w.steps[0]["timings"]["torch"]["median"] > 0
+
+    # selecting a node narrows where the actions apply: an array no map touches matches nothing
+    w.selection = ["no_such_node"]
+    assert all(a["matches"] == 0 for a in w.actions)
+    w.selection = []
+
+    before = w.graphs
+    _request(w, event="apply", name="map_fusion", where=["no_such_node"])  # a failed step, rolled back
+    assert w.steps[-1]["ok"] is False
+    assert w.message == "step 1: map_fusion (where no_such_node) failed: map_fusion matches nothing in the forward or backward SDFG"
+    assert w.graphs == before and w.current == 0
+
+    _request(w, event="apply", name="tasklet_fusion")
+    assert w.steps[-1]["ok"] and w.current == 2 and w.busy == ""
+    assert w.steps[-1]["intermediate_bytes"] == 0 and w.graphs != before
+    assert json.loads(w.recipe) == [{"name": "tasklet_fusion"}]
+
+    _request(w, event="export")
+    assert json.loads((tmp_path / "mish_opt.recipe.json").read_text()) == [{"name": "tasklet_fusion"}]
+    assert "--recipe mish_opt.recipe.json" in w.message
+
+    _request(w, event="undo")
+    assert w.current == 0 and w.graphs == before and w.message == "back at step 0"
+    _request(w, event="apply", name="map_fusion")
+    _request(w, event="reset")
+    assert [s["name"] for s in w.steps] == ["naive"]
+
+
+def test_an_exported_recipe_replays_through_the_magic(ip, tmp_path):
+    recipe = tmp_path / "mish.json"
+    recipe.write_text(json.dumps([{"name": "tasklet_fusion"}]))
+    ip.run_cell_magic("dcoptimize", f"{FAST} --recipe {recipe} --as replayed", MISH_CELL)
+    assert [s.name for s in ip.user_ns["replayed"].history] == ["naive", "tasklet_fusion"]
+    assert ip.user_ns["replayed"].recipe == [{"name": "tasklet_fusion"}]
+
+
+def test_the_static_view_shows_graphs_and_tables(session):
+    html = render.to_html(session)
+    assert html.count("<img") == 2 and "Forward SDFG" in html and "Backward SDFG" in html
+    assert "dcnb-history" in html and "torch eager" in html and "Median" in html
+    bundle = SessionWidget(session)._repr_mimebundle_()
+    assert {"text/plain", "text/html", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
+    assert bundle["application/vnd.dcnb.session+json"]["model_id"] == bundle["application/vnd.jupyter.widget-view+json"]["model_id"]
+
+
+def test_a_step_that_does_not_compile_keeps_its_log_for_the_view(session):
+    from dace import dtypes
+    from dace.properties import CodeBlock
+    from dace.sdfg import nodes
+
+    from dcnb._src import steps
+
+    def break_cpp(sdfg, where, options, device):
+        if any(name.startswith("gradient_") for name in sdfg.arrays):
+            return 0
+        tasklet = next(n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.Tasklet))
+        tasklet.code = CodeBlock("this is not C++;", dtypes.Language.CPP)
+        return 1
+
+    steps.register(steps.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, break_cpp))
+    try:
+        w = SessionWidget(session)
+        before = w.graphs
+        _request(w, event="apply", name="bad_code")
+    finally:
+        del steps.REGISTRY["bad_code"]
+    failed = w.steps[-1]
+    assert not failed["ok"] and "does not compile" in failed["error"]
+    assert "this is not C++" in failed["log"]
+    assert w.graphs == before
+
+
+def test_the_magic_builds_the_forward_only(ip):
+    # builds [forward, None]: the build must take a missing backward (a fix in build.py)
+    ip.run_cell_magic("dcoptimize", f"{FAST} --no-backward --as forward_only", MISH_CELL)
+    session = ip.user_ns["forward_only"]
+    assert session.backward_sdfg is None and session.current.ok
+    assert set(session.current.check.errors) == {"output"}
+    assert SessionWidget(session).graphs["backward"] is None
