@@ -22,7 +22,10 @@ import warnings
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-ACTIONS = ["expand", "map_fusion", "subgraph_fusion", "tasklet_fusion", "vectorization", "auto_optimize"]
+ACTIONS = [
+    "expand", "map_fusion", "subgraph_fusion", "tasklet_fusion", "vectorization", "simplify_algebra", "fuse_rows",
+    "auto_optimize",
+]
 #: what an action says when it matches nothing
 NOTHING_TO_DO = ("matches nothing", "finds no group of maps it can fuse")
 

@@ -269,6 +269,7 @@ ZOO: list[Case] = [
     ),
     Case("causal_attention", CausalSelfAttention, _x(2, 6, 16), bench=_x(512, 6, 16)),
     Case("mixer", MixerBlock, _x(2, 6, 8), bench=_x(512, 6, 8)),
+    Case("small_net", SmallNet, _x(8, 1, 8, 8), BOTH, bench=_x(256, 1, 8, 8)),
 ]
 
 CASES = {case.name: case for case in ZOO}

@@ -5,8 +5,10 @@ every buffer after the call (BatchNorm's running statistics and counter) with Py
 |dcnb - torch| <= 1e-4 * max(1, max|torch|) + 1e-4 * |torch| (dcnb/_src/verify.py), in eval mode and, where
 BatchNorm makes it differ, in training mode.
 
-The naive build of every entry is checked here, and every action on a representative subset (ACTION_MODELS);
-``benchmarks/zoo.py --sweep`` runs every action on every entry.
+The default suite builds a representative set (DEFAULT, ACTION_MODELS): one entry of each kind of graph, together
+touching every op the fixes in dcnb/_src/opfixes.py cover, and every action on a dense network with a loss and on a
+convolutional network in training mode. ``pytest --zoo -m zoo`` (``make zoo``) adds the rest: every entry in every
+mode, and every action on more kinds of graph. ``benchmarks/zoo.py --sweep`` runs every action on every entry.
 """
 
 from __future__ import annotations
@@ -24,11 +26,29 @@ from zoo import CASES, ZOO, SmallNet
 
 pytestmark = pytest.mark.compile
 
-ENTRIES = [(case.name, training) for case in ZOO for training in case.modes]
+#: entries the default suite builds: an activation, a norm written out, dense layers with LayerNorm, GELU and the
+#: loss, convolutions with BatchNorm (eval and training), max and average pooling (attention's masking is covered by
+#: tests/compile/test_opfixes.py, the residual around LayerNorm there too)
+DEFAULT = {("gelu_tanh", False), ("rms_norm", False), ("mlp", False), ("convnet", False), ("convnet", True)}
+#: (entry, training) the actions are applied to: dense layers with a loss; convolutions with BatchNorm training
+ACTION_MODELS = [("mlp", False), ("small_net", True)]
+#: and, with --zoo, attention and a ResNet block in training mode
+MORE_ACTION_MODELS = [("causal_attention", False), ("resnet_basic", True)]
 
-#: one entry per kind of graph: dense layers with a loss, convolutions with BatchNorm training, attention
-ACTION_MODELS = [("mlp", False), ("resnet_basic", True), ("causal_attention", False)]
-ACTIONS = ["expand", "map_fusion", "subgraph_fusion", "tasklet_fusion", "vectorization", "auto_optimize"]
+
+def _params(entries, default):
+    """pytest params of (name, training) with ids; those outside ``default`` are marked ``zoo`` (run with --zoo)."""
+    return [
+        pytest.param(name, training, id=f"{name}-{'train' if training else 'eval'}", marks=() if (name, training) in default else pytest.mark.zoo)
+        for name, training in entries
+    ]
+
+
+ENTRIES = [(case.name, training) for case in ZOO for training in case.modes]
+ACTIONS = [
+    "expand", "map_fusion", "subgraph_fusion", "tasklet_fusion", "vectorization", "simplify_algebra", "fuse_rows",
+    "auto_optimize",
+]
 #: vectors of 4 floats: the zoo's small rows hold whole vectors, on any CPU
 OPTIONS = {"vectorization": {"vector_len": 4}}
 #: what an action says when it matches nothing
@@ -38,6 +58,7 @@ CANNOT_APPLY: dict[tuple[str, str], str] = {
     # fusing BatchNorm's statistics into one map leaves the centred input inside it, where DaCe's autodiff
     # cannot store it for the backward; the step says so and leaves the session as it was
     ("resnet_basic", "tasklet_fusion"): "DaCe's autodiff cannot store values computed inside a map",
+    ("small_net", "tasklet_fusion"): "DaCe's autodiff cannot store values computed inside a map",
 }
 
 
@@ -85,13 +106,13 @@ def _matches(session: dcnb.Session, action: str, options: dict) -> int:
     return sum(act.count(sdfg, None, options) for sdfg in sdfgs if sdfg is not None)
 
 
-@pytest.mark.parametrize("name,training", ENTRIES, ids=[f"{n}-{'train' if t else 'eval'}" for n, t in ENTRIES])
+@pytest.mark.parametrize("name,training", _params(ENTRIES, DEFAULT))
 def test_naive_build_matches_pytorch(entries, name, training):
     entry = entries(name, training)
     _assert_all_checked(entry, entry.session.current)
 
 
-@pytest.mark.parametrize("name,training", [e for e in ENTRIES if e[1]], ids=[n for n, t in ENTRIES if t])
+@pytest.mark.parametrize("name,training", _params([e for e in ENTRIES if e[1]], DEFAULT | {("small_net", True)}))
 def test_training_updates_the_running_statistics_like_pytorch(entries, name, training):
     entry = entries(name, training)
     reference, _ = CASES[name].build()
@@ -109,7 +130,7 @@ def test_training_updates_the_running_statistics_like_pytorch(entries, name, tra
 
 
 @pytest.mark.parametrize("action", ACTIONS)
-@pytest.mark.parametrize("name,training", ACTION_MODELS, ids=[f"{n}-{'train' if t else 'eval'}" for n, t in ACTION_MODELS])
+@pytest.mark.parametrize("name,training", _params(ACTION_MODELS + MORE_ACTION_MODELS, set(ACTION_MODELS)))
 def test_every_action_keeps_the_zoo_correct(entries, name, training, action):
     entry = entries(name, training)
     session = entry.session
