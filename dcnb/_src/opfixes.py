@@ -251,7 +251,7 @@ class BatchNormalizationExpansion(ONNXForward):
         per_channel = [channels] + [1] * (len(x.shape) - 2)
         # constants of the data's type: a Python float would make the arithmetic double
         scalar = dtype.type
-        eps, inv_count = scalar(node.epsilon), scalar(1 / count)
+        eps, inv_count, one = scalar(node.epsilon), scalar(1 / count), scalar(1)
         keep, take = scalar(node.momentum), scalar(1 - node.momentum)
         # PyTorch, whose BatchNorm the exporter writes here, keeps the unbiased variance as its running estimate
         take_unbiased = scalar((1 - node.momentum) * count / max(count - 1, 1))
@@ -261,7 +261,8 @@ class BatchNormalizationExpansion(ONNXForward):
             mean = np.add.reduce(X, axis=axes) * inv_count
             centered = X - np.reshape(mean, per_channel)
             var = np.add.reduce(centered * centered, axis=axes) * inv_count
-            inv_std = dace.elementwise(lambda v: dtype(1) / sqrt(v + eps), np.reshape(var, per_channel))
+            # ``one``, not ``dtype(1)``: in float64 that is written ``double(1)``, which autodiff cannot parse
+            inv_std = dace.elementwise(lambda v: one / sqrt(v + eps), np.reshape(var, per_channel))
             Y[:] = centered * inv_std * np.reshape(scale, per_channel) + np.reshape(B, per_channel)
             return mean, var
 

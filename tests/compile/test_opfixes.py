@@ -138,11 +138,12 @@ def test_softmax_cross_entropy_loss_backward():
     _assert_checked(session, "output", "grad scores")
 
 
-def test_batch_norm_training_statistics():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batch_norm_training_statistics(dtype):
     # DaCe's training-mode BatchNormalization swapped the momentum and wrote back through a second state
     torch.manual_seed(0)
-    module = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3))
-    session = _optimize(module, torch.randn(4, 2, 3, 3), training=True)
+    module = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3)).to(dtype)
+    session = _optimize(module, torch.randn(4, 2, 3, 3, dtype=dtype), training=True)
     _assert_checked(session, "grad input", "grad 1.weight", "buffer 1.running_mean", "buffer 1.running_var")
 
 
