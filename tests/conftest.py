@@ -60,3 +60,17 @@ def browser(tmp_path_factory):
 def artifacts():
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+def pytest_addoption(parser):
+    parser.addoption("--zoo", action="store_true", help="also run the whole model zoo (tests marked zoo; make zoo)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``zoo`` (the rest of the model zoo, tens of minutes of compiles) run only with --zoo."""
+    if config.getoption("--zoo"):
+        return
+    kept = [item for item in items if item.get_closest_marker("zoo") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("zoo") is not None])
+        items[:] = kept

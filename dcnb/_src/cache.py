@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pathlib
@@ -23,6 +24,7 @@ def key(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> str:
     entries = {
         "sdfg": sdfg.hash_sdfg(),
         "dcnb": VERSION,
+        "fixes": _fixes_digest(),
         "dace": dace.__version__,
         "machine": platform.machine(),
         "device": device,
@@ -32,3 +34,10 @@ def key(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> str:
     for name in sorted(entries):
         digest.update(f"{name}={entries[name]}\n".encode())
     return digest.hexdigest()
+
+
+@functools.cache
+def _fixes_digest() -> str:
+    """The expansions dcnb registers with DaCe decide the code of library nodes at code generation, after the SDFG
+    was hashed: a change to them must not reuse a binary built with the old ones."""
+    return hashlib.sha256(pathlib.Path(__file__).with_name("opfixes.py").read_bytes()).hexdigest()[:16]

@@ -6,6 +6,7 @@ This is the only module that talks to PyTorch's ONNX exporter and DaCe's importe
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
 import io
@@ -19,7 +20,9 @@ import dace
 import onnx
 import torch
 from dace.frontend.ml.onnx import ONNXModel
+from dace.frontend.ml.onnx.importer import infer_shapes_onnx_model, simplify_onnx_model
 from dace.libraries.onnx.converters import clean_onnx_name
+from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node, has_onnx_node
 from torch import nn
 
@@ -46,6 +49,10 @@ class Imported:
     constants: dict[str, torch.Tensor]
     #: ONNX op types in the graph, in order
     ops: list[str]
+    #: SDFG array name of an output -> path of the buffer it updates (training-mode BatchNorm statistics)
+    buffer_updates: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: paths of the counters a forward call increments (BatchNorm's ``num_batches_tracked``)
+    counters: list[str] = dataclasses.field(default_factory=list)
 
 
 def import_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, training: bool) -> Imported:
@@ -55,25 +62,63 @@ def import_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, traini
     named = dict(module.named_parameters())
     named.update(module.named_buffers())
     model_proto = _export(module, inputs, input_names, training)
-    _check_supported(model_proto, module, inputs, input_names, training)
     # the graph keeps parameters as inputs; drop their initializers so onnxsim cannot fold them
     for i in reversed(range(len(model_proto.graph.initializer))):
         if model_proto.graph.initializer[i].name in named:
             model_proto.graph.initializer.pop(i)
+    updates = _expose_running_statistics(model_proto, module) if training else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = ONNXModel(name, model_proto, onnx_simplify=True)
+        # simplified first, so that shape arithmetic (Shape, Gather, Mod, ...) is folded before ops are checked
+        model_proto = simplify_onnx_model(infer_shapes_onnx_model(model_proto), auto_merge=False)
+        _check_supported(model_proto, module, inputs, input_names, training)
+        model = ONNXModel(name, model_proto, onnx_simplify=False)
+        _check_covered(model.sdfg, model_proto, module, inputs, input_names, training)
     graph_inputs = set(model.inputs)
+    # the importer renames the graph's outputs to __return or __return_<i>, in order
+    renamed = dict(zip((o.name for o in model_proto.graph.output), model.outputs))
     return Imported(
         name=name,
         sdfg=model.sdfg,
         all_inputs=[clean_onnx_name(n) for n in input_names],
         inputs=[clean_onnx_name(n) for n in input_names if n in graph_inputs],
         param_paths={clean_onnx_name(n): n for n in named if n in graph_inputs},
-        outputs=[clean_onnx_name(n) for n in model.outputs],
+        outputs=[clean_onnx_name(renamed[n]) for n in renamed if n not in updates],
         constants=model.clean_weights,
         ops=[node.op_type for node in model_proto.graph.node],
+        buffer_updates={clean_onnx_name(renamed[n]): path for n, path in updates.items()},
+        counters=sorted({f"{path.rpartition('.')[0]}.num_batches_tracked" for path in updates.values()} & set(named)),
     )
+
+
+def _expose_running_statistics(model: onnx.ModelProto, module: nn.Module) -> dict[str, str]:
+    """Make the running statistics of training-mode BatchNormalization nodes graph outputs; returns output name ->
+    the buffer it updates.
+
+    The exporter leaves these outputs unused (PyTorch updates the buffers in place), so without them the compiled
+    module would train with frozen statistics.
+    """
+    for path, sub in module.named_modules():
+        if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.training and sub.track_running_stats:
+            if sub.momentum is None:
+                raise UnsupportedOpError(
+                    f"{path or type(module).__name__} is a BatchNorm with momentum=None (a cumulative average of the "
+                    "batch statistics), which ONNX's BatchNormalization cannot express; give it a momentum or "
+                    "optimize it in eval mode",
+                    op="BatchNormalization",
+                )
+    buffers = dict(module.named_buffers())
+    updates = {}
+    for node in model.graph.node:
+        if node.op_type != "BatchNormalization" or len(node.output) < 3 or len(node.input) < 5:
+            continue
+        for output, buffer in zip(node.output[1:3], node.input[3:5]):
+            if output and buffer in buffers:
+                tensor = buffers[buffer]
+                elem = onnx.helper.np_dtype_to_tensor_dtype(tensor.numpy().dtype)
+                model.graph.output.append(onnx.helper.make_tensor_value_info(output, elem, list(tensor.shape)))
+                updates[output] = buffer
+    return updates
 
 
 def _sdfg_name(module: nn.Module) -> str:
@@ -111,7 +156,7 @@ def _export(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                module,
+                _positional(module),
                 tuple(inputs),
                 buffer,
                 input_names=input_names,
@@ -135,6 +180,18 @@ def _export(
     finally:
         module.load_state_dict(state)
     return onnx.load_from_string(buffer.getvalue())
+
+
+def _positional(module: nn.Module) -> nn.Module:
+    """The module with a forward that takes exactly the positional inputs given.
+
+    The exporter appends forward()'s keyword defaults to the traced inputs and the tracer turns them into
+    tensors, so a flag such as TransformerEncoderLayer's ``is_causal=False`` reached its function as a Tensor.
+    The shallow copy shares the parameters, buffers and submodules, so their names stay those of the module.
+    """
+    exported = copy.copy(module)
+    exported.forward = lambda *args: type(module).forward(exported, *args)
+    return exported
 
 
 def _check_supported(
@@ -161,6 +218,43 @@ def _check_supported(
         )
 
 
+def _check_covered(
+    sdfg: dace.SDFG,
+    model: onnx.ModelProto,
+    module: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    training: bool,
+) -> None:
+    """Raise if the implementation DaCe will expand an op to does not cover the op's attributes (a dilated
+    convolution, a pooling with ceil_mode): otherwise code generation fails later with no word of the op."""
+    for node, state in sdfg.all_nodes_recursive():
+        if not isinstance(node, ONNXOp):
+            continue
+        chosen = node.implementation or type(node).default_implementation or "pure"
+        impl = getattr(type(node).implementations.get(chosen), "forward_impl", None)
+        if impl is None or impl.forward_can_be_applied(node, state, state.sdfg):
+            continue
+        proto = next((n for n in model.graph.node if clean_onnx_name(n.name) == node.label), None)
+        attributes = ", ".join(f"{a.name}={_attribute(a)}" for a in proto.attribute) if proto else ""
+        where = _torch_source(module, inputs, input_names, training, proto.name) if proto else None
+        raise UnsupportedOpError(
+            f"DaCe's implementation of the ONNX op {node.schema.name} does not cover it as used here"
+            + (f" ({attributes})" if attributes else "")
+            + (f", which comes from {where}" if where else "")
+            + f"; {type(module).__name__} cannot be built.",
+            op=node.schema.name,
+            source=where,
+        )
+
+
+def _attribute(attribute: onnx.AttributeProto) -> str:
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value if isinstance(value, (int, float)) else list(value))
+
+
 def _torch_source(
     module: nn.Module, inputs: tuple[torch.Tensor, ...], input_names: list[str], training: bool, onnx_name: str
 ) -> str | None:
@@ -175,7 +269,16 @@ def _torch_source(
         path, lineno = found.group(1), int(found.group(2))
         code = linecache.getline(path, lineno).strip()
         place = f"{os.path.basename(path)}:{lineno}"
-        return f"`{code}` ({place})" if code else place
+        source = f"`{code}` ({place})" if code else place
+        if os.path.abspath(path).startswith(os.path.dirname(torch.__file__)):
+            # a line of PyTorch's own: the module that called it says more
+            scope = re.search(r"scope: (\S+)", line)
+            if scope:  # e.g. zoo.ConvNet::/torch.nn.modules.conv.Conv2d::conv1
+                levels = [level.split("::", 1) for level in scope.group(1).split("/") if "::" in level]
+                path = ".".join(attr for _, attr in levels[1:] if attr)
+                cls = levels[-1][0].rpartition(".")[2]
+                source += f" in {path} ({cls})" if path else f" in {cls}"
+        return source
     return None
 
 

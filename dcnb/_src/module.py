@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,9 +45,11 @@ class Runner:
         fwd = program.forward
         # (name, shape, dtype) worked out once: DaCe's descriptors are slow to read on every call
         self._outputs = [_spec(name, fwd.arrays[name]) for name in imported.outputs]
-        given = set(self.names) | set(imported.outputs)
-        self._stored = [_spec(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
+        self._updates = [_spec(name, fwd.arrays[name]) for name in imported.buffer_updates]
         self._constants = _constants(imported, fwd, self.device)
+        # constants the backward reads are passed to it as constants, not stored by the forward
+        given = set(self.names) | set(imported.outputs) | set(imported.constants)
+        self._stored = [_spec(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
         if backward is not None:
             bwd = program.backward
             grads = [program.input_grads.get(name) for name in self.names]
@@ -58,18 +61,23 @@ class Runner:
             self._accumulated = {g for g in grads if g is not None and not overwritten(bwd, g)}
             self._bwd_constants = _constants(imported, bwd, self.device)
 
-    def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    def forward(
+        self, tensors: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Outputs, what the backward needs, and new values of buffers by path (BatchNorm statistics)."""
         args = {name: _ready(t) for name, t in zip(self.names, tensors)}
         outputs = [self._empty(shape, dtype) for _, shape, dtype in self._outputs]
         saved = {**args, **{name: t for (name, _, _), t in zip(self._outputs, outputs)}}
         for name, shape, dtype in self._stored:
             saved[name] = self._empty(shape, dtype)
-        self._forward_call({**saved, **self._constants})
-        return outputs, saved
+        updates = {name: self._empty(shape, dtype) for name, shape, dtype in self._updates}
+        self._forward_call({**saved, **updates, **self._constants})
+        buffers = {self.imported.buffer_updates[name]: t for name, t in updates.items()}
+        return outputs, saved, buffers
 
     def backward(self, saved: dict[str, torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
         assert self._backward_call is not None
-        args = {name: saved[name] for name in self.program.forwarded}
+        args = {name: saved[name] for name in self.program.forwarded if name not in self._bwd_constants}
         for (grad_name, shape, dtype), grad in zip(self._output_grads, grad_outputs):
             if grad_name is not None:
                 args[grad_name] = self._zeros(shape, dtype) if grad is None else _ready(grad, shape)
@@ -125,8 +133,9 @@ class _Call:
 
 class _Apply(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, runner: Runner, *tensors: torch.Tensor):
-        outputs, saved = runner.forward(list(tensors))
+    def forward(ctx, runner: Runner, write_back: Callable[[dict[str, torch.Tensor]], None], *tensors: torch.Tensor):
+        outputs, saved, buffers = runner.forward(list(tensors))
+        write_back(buffers)
         ctx.runner = runner
         ctx.saved = saved
         ctx.shapes = [t.shape for t in tensors]
@@ -136,7 +145,7 @@ class _Apply(torch.autograd.Function):
     def backward(ctx, *grad_outputs: torch.Tensor):
         grads = ctx.runner.backward(ctx.saved, list(grad_outputs))
         ctx.saved = None
-        return (None, *(g if g is None or g.shape == s else g.reshape(s) for g, s in zip(grads, ctx.shapes)))
+        return (None, None, *(g if g is None or g.shape == s else g.reshape(s) for g, s in zip(grads, ctx.shapes)))
 
 
 class DcnbModule(nn.Module):
@@ -167,11 +176,20 @@ class DcnbModule(nn.Module):
                 )
         tensors = [inputs[i] for i in self._used] + [p() for p in self._params]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            outputs = _Apply.apply(self._runner, *tensors)
+            outputs = _Apply.apply(self._runner, self._write_back, *tensors)
         else:  # nothing to differentiate: skip autograd's bookkeeping (a good part of a small call's cost)
-            outputs, _ = self._runner.forward(tensors)
+            outputs, _, buffers = self._runner.forward(tensors)
+            self._write_back(buffers)
         outputs = [o if o.shape == shape else o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @torch.no_grad()
+    def _write_back(self, buffers: dict[str, torch.Tensor]) -> None:
+        """What PyTorch's training-mode forward does to the module's buffers: new running statistics, counters."""
+        for path, value in buffers.items():
+            self.module.get_buffer(path).copy_(value.reshape(self.module.get_buffer(path).shape))
+        for path in self._runner.imported.counters:
+            self.module.get_buffer(path).add_(1)
 
 
 def _resolve(module: nn.Module, path: str):

@@ -15,6 +15,7 @@ from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
+from . import opfixes
 from .errors import StepError
 from .frontend import Imported
 
@@ -33,8 +34,8 @@ class Program:
     output_grads: dict[str, str]
 
     def stored_bytes(self, imported: Imported) -> int:
-        """Bytes the forward stores only for the backward (not inputs, parameters or outputs)."""
-        given = set(imported.inputs) | set(imported.param_paths) | set(imported.outputs)
+        """Bytes the forward stores only for the backward (not inputs, parameters, outputs or constants)."""
+        given = set(imported.inputs) | set(imported.param_paths) | set(imported.outputs) | set(imported.constants)
         return sum(
             _nbytes(self.forward.arrays[name]) for name in self.forwarded if name not in given
         )
@@ -67,6 +68,7 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
             f"autodiff needs the forward SDFG in one state, but it has {len(forward.nodes())}; "
             "apply this transformation after autodiff instead"
         )
+    opfixes.split_shared_map_inputs(forward)
     model = types.SimpleNamespace(sdfg=forward, outputs=imported.outputs)
     try:
         forward, backward, result, forwarded = make_backward_function(model, wrt)
@@ -82,6 +84,11 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
                 "tasklets before it (tasklet_fusion)"
             ) from e
         raise StepError("DaCe's autodiff failed on an internal assertion") from e
+    opfixes.accumulate_nested_gradients(backward)
+    opfixes.numeric_pi(backward)
+    opfixes.float_min_max(backward)
+    for sdfg in (forward, backward):
+        opfixes.typed_float_literals(sdfg)
     _write_gradients_once(backward, list(result.required_grad_names.values()))
     return Program(
         forward=forward,

@@ -254,10 +254,13 @@ class Session:
         built = builder.build([prog.forward, prog.backward], self.device)
         runner = Runner(self._imported, prog, built.binaries[0], built.binaries[1], self.device)
         self._progress("checking against PyTorch")
-        got = verify.run(
-            self._dcnb_module(runner), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
-        )
-        result = verify.compare(got, self._reference)
+        for _ in range(2):  # twice: what a call leaves behind in the binary (a sum zeroed only once) shows next time
+            got = verify.run(
+                self._dcnb_module(runner), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
+            )
+            result = verify.compare(got, self._reference)
+            if not result.ok:
+                break
         if not result.ok:
             raise StepError(f"{name} breaks correctness: {result.message}")
         self._progress("timing")

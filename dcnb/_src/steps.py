@@ -8,6 +8,7 @@ graph views show them: map, tasklet, library-node labels, or array names for acc
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import warnings
@@ -29,7 +30,7 @@ from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import algebra, program, rows, vecmath
+from . import algebra, opfixes, program, rows, vecmath
 from .errors import check
 
 Where = Collection[str] | None
@@ -138,9 +139,11 @@ def _expand(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
 register(
     Action(
         "expand",
-        "Expand ONNX library nodes (matmul, softmax, norms, ...) to their pure maps and tasklets, "
-        "so that fusion can reach inside them and autodiff differentiates the expanded code.",
-        before_autodiff=True,
+        "Expand ONNX library nodes (matmul, softmax, norms, ...) to their pure maps and tasklets in the forward "
+        "and the backward, so that fusion can reach inside them.",
+        # after autodiff: before it, the expanded code replaced the nodes' backward rules, and DaCe's autodiff
+        # fails on many expansions (softmax's max reduction, layer norm's views, C++ loops)
+        before_autodiff=False,
         count=lambda sdfg, where, options: len(_onnx_nodes(sdfg, where)),
         run=_expand,
     )
@@ -248,7 +251,7 @@ def _vectorizable(sdfg: dace.SDFG, where: Where, options: dict):
     seen = set()
     for width in widths:
         for match in _matches(Vectorization, sdfg, where, {"vector_len": width}):
-            if id(match.map_entry) not in seen and _fits(match, width):
+            if id(match.map_entry) not in seen and _fits(match, width) and _vector_safe(match, width):
                 seen.add(id(match.map_entry))
                 yield match
 
@@ -273,6 +276,70 @@ def _fits(match: Vectorization, width: int) -> bool:
             if not getattr(stride, "is_Integer", isinstance(stride, int)) or int(stride) % width:
                 return False
     return True
+
+
+def _vector_safe(match: PatternTransformation, width: int) -> bool:
+    """Whether DaCe's Vectorization, applied to a match that ``_fits``, gives code that compiles and computes the
+    same.
+
+    Every vector must start at a multiple of the width inside its row (an access at ``i + 1`` is not aligned).
+    GCC's vectors do not convert to or from scalars in an assignment, so every output must be a vector and some
+    input too, and no output may add a vector into one element (a reduction); and only functions with vector
+    versions that compute what the scalar ones do may be called.
+    """
+    try:
+        return _vector_code_is_right(match, width)
+    except TypeError:  # a symbolic range or stride: nothing to prove the conditions with
+        return False
+
+
+def _vector_code_is_right(match: PatternTransformation, width: int) -> bool:
+    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
+    entry = match.map_entry
+    param = entry.map.params[-1]
+    tasklet = state.successors(entry)[0]
+    if tasklet.code.language != dace.Language.Python or _calls(tasklet.code.code) - VECTOR_FUNCTIONS:
+        return False
+    vector_inputs, types = 0, set()
+    for edge in state.all_edges(tasklet):
+        if edge.data.data is None:
+            continue
+        subset = edge.data.subset
+        if param not in {str(symbol) for symbol in subset.free_symbols}:
+            if edge.src is tasklet:
+                return False  # a scalar output, or one element a whole vector is added into
+            continue  # an input read as a scalar, which GCC broadcasts in arithmetic
+        vector_inputs += edge.dst is tasklet
+        desc = state.sdfg.arrays[edge.data.data]
+        types.add(desc.dtype)
+        for (first, _, _), stride in zip(subset.ndrange(), desc.strides):
+            if int(stride) == 1:
+                offset = dace.symbolic.pystr_to_symbolic(str(first)) - dace.symbolic.pystr_to_symbolic(param)
+                if offset.free_symbols or int(offset) % width:
+                    return False
+            elif int(stride) % width:
+                return False
+    return vector_inputs > 0 and len(types) == 1  # GCC does not convert vectors of floats to doubles
+
+
+#: functions with vector versions that compute what the scalar ones do (DaCe's runtime and vecmath.h); DaCe's
+#: ``heaviside`` compiles for vectors but returns the comparison's bits reinterpreted as floats
+VECTOR_FUNCTIONS = {
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "tanh", "sinh", "cosh", "sin", "cos", "atan", "erf", "erfc",
+    "sqrt", "abs", "fabs", "floor", "ceil", "round", "min", "max", "fmin", "fmax", "pow", "ipow",
+}
+
+
+def _calls(code: list) -> set[str]:
+    """Names of the functions a Python tasklet calls, casts to DaCe types (``dace.float32(1)``) left out."""
+    names = set()
+    for node in (n for statement in code for n in ast.walk(statement)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "dace":
+                continue
+            names.add(func.id if isinstance(func, ast.Name) else ast.unparse(func))
+    return names
 
 
 def _vectorize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
@@ -332,6 +399,7 @@ def _auto_optimize(sdfg: dace.SDFG, where: Where, options: dict, device: str) ->
     check(where is None, "auto_optimize acts on the whole SDFG and cannot be restricted to nodes")
     expand_onnx_nodes(sdfg)
     auto_optimize(sdfg, dace.DeviceType.GPU if device == "cuda" else dace.DeviceType.CPU)
+    opfixes.zeroed_transients_per_call(sdfg)
     return 1
 
 

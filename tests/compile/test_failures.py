@@ -92,7 +92,7 @@ def test_a_compile_failure_keeps_the_compiler_log(session, broken_actions):
 
 def test_an_action_that_matches_nothing_fails_with_its_reason(session):
     step = session.apply("expand")
-    assert not step.ok and step.error == "expand matches nothing in the forward SDFG"
+    assert not step.ok and step.error == "expand matches nothing in the forward or backward SDFG"
 
 
 def test_unknown_action_names_the_choices(session):

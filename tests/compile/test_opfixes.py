@@ -1,17 +1,198 @@
-"""One test per DaCe gap fixed in dcnb/_src/opfixes.py: each fails without its fix."""
+"""One test per DaCe gap fixed in dcnb/_src/opfixes.py: each fails without its fix.
+
+Where a zoo entry shows the gap, the test builds that entry, so that tests/compile/test_zoo.py reuses the build.
+"""
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import dcnb
 from models import TinyMLP
+from zoo import CASES
 
 pytestmark = pytest.mark.compile
 
 
+def _optimize(module, *inputs, **options):
+    return dcnb.optimize(module, *inputs, baselines=(), time_budget=0.01, **options)
+
+
+def _zoo(name, **options):
+    module, inputs = CASES[name].build()
+    return _optimize(module, *inputs, **options)
+
+
+def _assert_checked(session, *labels):
+    step = session.current
+    assert step.ok and step.check.ok, step.error
+    assert set(labels) <= set(step.check.errors), step.check.errors
+
+
 def test_einsum_backward_of_transients():
     # a Linear whose input is another op's output: DaCe's Einsum backward made an invalid SDFG for it
-    session = dcnb.optimize(TinyMLP(), torch.randn(8, 16), baselines=(), time_budget=0.05)
-    step = session.current
-    assert step.ok and step.check.ok
-    assert {"grad x", "grad fc1.weight", "grad fc2.bias"} <= set(step.check.errors)
+    session = _optimize(TinyMLP(), torch.randn(8, 16))
+    _assert_checked(session, "grad x", "grad fc1.weight", "grad fc2.bias")
+
+
+def test_hardsigmoid_expansion():
+    # DaCe has no implementation of the ONNX op HardSigmoid
+    session = _zoo("hardsigmoid", backward=False)
+    _assert_checked(session, "output")
+
+
+def test_hardswish_expansion():
+    # DaCe has no implementation of the ONNX op HardSwish
+    session = _zoo("hardswish", backward=False)
+    _assert_checked(session, "output")
+
+
+def test_min_max_derivatives_keep_their_float_constants():
+    # DaCe's C++ Min returns its first argument's type: sympy's Min(1, x) truncated hardsigmoid's derivative to 0
+    session = _zoo("hardsigmoid")
+    _assert_checked(session, "output", "grad input")
+
+
+class _AveragePools(nn.Module):
+    def forward(self, x):
+        return F.avg_pool2d(x, 2) + F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False)[..., :3, :3]
+
+
+def test_average_pool_expansion_and_backward():
+    # DaCe has neither an implementation nor a backward of the ONNX op AveragePool
+    session = _optimize(_AveragePools(), torch.randn(2, 3, 6, 6))
+    _assert_checked(session, "output", "grad x")
+
+
+def test_conv_backward_on_cpu():
+    # DaCe's only Conv backward calls a CUDA ATen kernel, so no convolution built its backward on the CPU
+    module = nn.Sequential(nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.Conv2d(6, 6, 3, groups=3, bias=False))
+    session = _optimize(module, torch.randn(2, 4, 9, 9))
+    _assert_checked(session, "grad input", "grad 0.weight", "grad 0.bias", "grad 1.weight")
+
+
+def test_conv_expansion_with_a_non_square_output():
+    # DaCe's pure Conv took the output's height bound from its width and swapped the strides
+    module = nn.Conv2d(3, 4, (3, 2), stride=(1, 2), padding=(1, 0))
+    session = _optimize(module, torch.randn(2, 3, 6, 9), backward=False)
+    _assert_checked(session, "output")
+
+
+def test_max_pool_backward():
+    # DaCe's MaxPool backward wrote each gradient at the argmax's offset in its window (and cannot take padding)
+    session = _optimize(nn.MaxPool2d(3, stride=2, padding=1), torch.randn(2, 3, 7, 7))
+    _assert_checked(session, "grad input")
+
+
+class _MaskedSoftmax(nn.Module):
+    def __init__(self, length: int):
+        super().__init__()
+        self.register_buffer("keep", torch.tril(torch.ones(length, length, dtype=torch.bool)), persistent=False)
+
+    def forward(self, x):
+        return torch.softmax(x.masked_fill(~self.keep, float("-inf")), dim=-1)
+
+
+def test_where_backward_broadcasts():
+    # DaCe's Where backward assumed every operand has the output's shape; masked_fill broadcasts a scalar
+    session = _optimize(_MaskedSoftmax(5), torch.randn(2, 3, 5, 5))
+    _assert_checked(session, "output", "grad x")
+
+
+class _CrossEntropy(nn.Module):
+    def __init__(self, classes: int, **options):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(classes) + 0.5, requires_grad=False)
+        self.options = options
+
+    def forward(self, scores, target):
+        return F.cross_entropy(scores, target, weight=self.weight, **self.options)
+
+
+def _labels(*shape, classes, ignore):
+    labels = torch.randint(0, classes, shape)
+    labels.view(-1)[::3] = ignore
+    return labels
+
+
+class _LogSoftmaxNLL(nn.Module):
+    def forward(self, scores, target):
+        return F.nll_loss(F.log_softmax(scores, dim=-1), target)
+
+
+def test_softmax_cross_entropy_loss_expansion():
+    # DaCe's pure SoftmaxCrossEntropyLoss read the label scores as an N x N block: the loss was wrong
+    torch.manual_seed(0)
+    session = _optimize(_LogSoftmaxNLL(), torch.randn(7, 5), torch.randint(0, 5, (7,)), backward=False)
+    _assert_checked(session, "output")
+    weighted = _optimize(_CrossEntropy(5, ignore_index=2), torch.randn(7, 5), _labels(7, classes=5, ignore=2))
+    _assert_checked(weighted, "output", "grad scores")
+
+
+def test_softmax_cross_entropy_loss_backward():
+    # DaCe has no backward for SoftmaxCrossEntropyLoss: autodiff failed on its label lookup
+    torch.manual_seed(0)
+    module = _CrossEntropy(4, reduction="sum", ignore_index=-1)
+    session = _optimize(module, torch.randn(3, 4, 5), _labels(3, 5, classes=4, ignore=-1))
+    _assert_checked(session, "output", "grad scores")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batch_norm_training_statistics(dtype):
+    # DaCe's training-mode BatchNormalization swapped the momentum and wrote back through a second state
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3)).to(dtype)
+    session = _optimize(module, torch.randn(4, 2, 3, 3, dtype=dtype), training=True)
+    _assert_checked(session, "grad input", "grad 1.weight", "buffer 1.running_mean", "buffer 1.running_var")
+
+
+class _SquareOfTanh(nn.Module):
+    def forward(self, x):
+        y = torch.tanh(x)
+        return y * y + torch.sigmoid(y)
+
+
+def test_shared_map_inputs_are_split_before_autodiff():
+    # a map reading y twice through one connector (y * y) made DaCe's data forwarding assert
+    session = _optimize(_SquareOfTanh(), torch.randn(3, 8))
+    _assert_checked(session, "grad x")
+
+
+def test_gradients_written_by_nested_sdfgs_add_up():
+    # x + LayerNorm(x): LayerNorm's backward (a nested SDFG) overwrote the residual's share of x's gradient
+    session = _zoo("prenorm_residual")
+    _assert_checked(session, "grad x", "grad norm.weight")
+
+
+def test_pi_is_a_number_in_derivatives():
+    # GELU's derivative holds sqrt(pi), which DaCe's C++ made an ambiguous call: the backward did not compile
+    session = _zoo("gelu")
+    _assert_checked(session, "grad input")
+
+
+def test_float_literals_keep_the_tasklet_type():
+    # DaCe writes its expansions' constants as double literals (BatchNorm's mean: x * 0.0555): vectorized, the
+    # float code did not compile
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.BatchNorm2d(8))
+    session = _optimize(module, torch.randn(2, 8, 3, 3), training=True)
+    step = session.apply("vectorization", vector_len=4)
+    assert step.ok, step.error
+    assert step.check.ok and "buffer 0.running_var" in step.check.errors
+
+
+def test_zero_initialized_transients_are_zeroed_on_every_call():
+    # auto_optimize made autodiff's zeroed gradient accumulators persistent: zeroed once, they summed across calls
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 3))
+    x = torch.randn(4, 1, 4, 4)
+    session = _optimize(module, x)
+    step = session.apply("auto_optimize")
+    assert step.ok, step.error
+    grads = []
+    for _ in range(2):
+        module.zero_grad()
+        session.module(x).square().sum().backward()
+        grads.append(module[0].weight.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0])

@@ -1,0 +1,56 @@
+"""The import of modules into DaCe (no compiles): what the exporter and importer are given and what comes back."""
+
+import pytest
+import torch
+from torch import nn
+
+import dcnb
+from dcnb._src.frontend import import_module
+
+
+def test_keyword_defaults_of_forward_are_not_exported_as_tensors():
+    # the exporter appended is_causal=False to the inputs and the tracer made it a Tensor
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0, batch_first=True).eval()
+    imported = import_module(layer, (torch.randn(2, 3, 8),), training=False)
+    assert imported.inputs == ["src"] and "self_attn.in_proj_weight" in imported.param_paths.values()
+
+
+class _Unflatten(nn.Module):
+    def forward(self, x):
+        return x.unflatten(-1, (2, -1)).sum(-1)
+
+
+def test_shape_arithmetic_folded_by_simplification_is_not_an_unsupported_op():
+    # unflatten exports its shape arithmetic with Mod, which DaCe lacks but which simplification folds away
+    imported = import_module(_Unflatten(), (torch.randn(3, 8),), training=False)
+    assert "Mod" not in imported.ops and "ReduceSum" in imported.ops
+
+
+def test_training_batch_norm_exposes_its_running_statistics():
+    module = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3)).train()
+    imported = import_module(module, (torch.randn(4, 2, 3, 3),), training=True)
+    assert sorted(imported.buffer_updates.values()) == ["1.running_mean", "1.running_var"]
+    assert imported.counters == ["1.num_batches_tracked"]
+    assert len(imported.outputs) == 1 and not set(imported.outputs) & set(imported.buffer_updates)
+    assert import_module(module.eval(), (torch.randn(4, 2, 3, 3),), training=False).buffer_updates == {}
+
+
+def test_a_cumulative_batch_norm_in_training_names_the_module():
+    module = nn.Sequential(nn.BatchNorm1d(3, momentum=None)).train()
+    with pytest.raises(dcnb.UnsupportedOpError, match=r"0 is a BatchNorm with momentum=None") as raised:
+        import_module(module, (torch.randn(4, 3),), training=True)
+    assert raised.value.op == "BatchNormalization"
+
+
+class _CeilPool(nn.Module):
+    def forward(self, x):
+        return nn.functional.max_pool2d(x, 2, ceil_mode=True)
+
+
+def test_an_op_its_implementation_does_not_cover_names_the_op_its_use_and_the_torch_call():
+    with pytest.raises(dcnb.UnsupportedOpError) as raised:
+        import_module(_CeilPool(), (torch.randn(1, 2, 5, 5),), training=False)
+    message = str(raised.value)
+    assert message.startswith("DaCe's implementation of the ONNX op MaxPool does not cover it as used here (")
+    assert "ceil_mode=1" in message and "max_pool2d(" in message and message.endswith("in _CeilPool; _CeilPool cannot be built.")
+    assert raised.value.op == "MaxPool"
