@@ -152,20 +152,21 @@ class ColumnSums(ExpandTransformation):
         nsdfg = _nested(node, state, sdfg, "reduce_columns")
         rows = [f"_r{i}" for i in range(len(shape) - 1)]
         index = _output_index(out, ["_c"])
-        init = nsdfg.add_state("reset")
-        init.add_mapped_tasklet(
-            "reset",
-            {"_c": f"0:{shape[-1]}"},
-            {},
-            f"o = {node.identity}",
-            {"o": dace.Memlet(f"_out[{index}]")},
-            external_edges=True,
-        )
-        body = nsdfg.add_state_after(init, "sum")
+        # one state, so that the parent state stays one once this is inlined and the maps around it can fuse
+        body = nsdfg.add_state("sum")
         tiles_entry, tiles_exit = body.add_map("column_tiles", {"_t": f"0:{shape[-1] // tile}"})
-        ranges = {r: f"0:{n}" for r, n in zip(rows, shape)} | {"_c": f"_t * {tile}:_t * {tile} + {tile}"}
+        columns = f"_t * {tile}:_t * {tile} + {tile}"
+        reset_entry, reset_exit = body.add_map("reset", {"_c": columns}, schedule=dace.ScheduleType.Sequential)
+        reset = body.add_tasklet("reset", {}, {"o"}, f"o = {node.identity}")
+        body.add_nedge(tiles_entry, reset_entry, dace.Memlet())
+        body.add_nedge(reset_entry, reset, dace.Memlet())
+        zeroed = body.add_access("_out")
+        body.add_memlet_path(reset, reset_exit, zeroed, src_conn="o", memlet=dace.Memlet(f"_out[{index}]"))
+        ranges = {r: f"0:{n}" for r, n in zip(rows, shape)} | {"_c": columns}
         rows_entry, rows_exit = body.add_map("rows", ranges, schedule=dace.ScheduleType.Sequential)
-        add = body.add_tasklet("add", {"b"}, {"o"}, "o = b")
+        # reads the reset tile ("a", unused) so that the sums start after it
+        add = body.add_tasklet("add", {"a", "b"}, {"o"}, "o = b")
+        body.add_memlet_path(zeroed, rows_entry, add, dst_conn="a", memlet=dace.Memlet(f"_out[{index}]"))
         element = dace.Memlet(f"_in[{', '.join(rows)}, _c]")
         body.add_memlet_path(body.add_read("_in"), tiles_entry, rows_entry, add, dst_conn="b", memlet=element)
         total = dace.Memlet(f"_out[{index}]", wcr=node.wcr)

@@ -21,7 +21,8 @@ def _source(binary) -> str:
     "module, shape, backward_kernels",
     [
         (nn.Softmax(dim=-1), (4, 64, 32), 1),
-        # the row map, and for each of the weight and bias gradients a reset and a walk over the rows per column tile
+        # the row map, a walk over the rows by column tiles for each of the weight and bias gradients, and the small
+        # maps adding those two into their gradients (opfixes: LayerNorm's backward rule writes through temporaries)
         (nn.LayerNorm(32), (4, 64, 32), 5),
         # 131 columns split into no tile of 16 or more: the gradients' column sums take DaCe's loop per column
         (nn.LayerNorm(131), (2, 3, 131), 3),
@@ -37,7 +38,7 @@ def test_rows_fuse_into_parallel_maps_and_stay_right(module, shape, backward_ker
     assert step.counts["backward"]["kernels"] == backward_kernels
     backward = session.backward_sdfg.all_nodes_recursive()
     tiles = [n for n, _ in backward if isinstance(n, nodes.MapEntry) and n.label == "column_tiles"]
-    assert len(tiles) == (2 if backward_kernels == 5 else 0)
+    assert len(tiles) == (2 if shape[-1] == 32 and isinstance(module, nn.LayerNorm) else 0)
     runner = session._states[-1].runner
     for binary in (runner.forward_binary, runner.backward_binary):
         code = _source(binary)
