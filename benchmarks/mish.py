@@ -11,7 +11,6 @@ bandwidth, so floor_ms = 5/2 * copy_ms.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +19,8 @@ from torch import nn
 import dcnb
 from dcnb._src import memory, timing
 from dcnb._src.cli import MISH_RECIPE, _shape
+
+from common import forward_backward, print_result
 
 
 #: tensors of x's size that forward+backward read or write at least: x, y (forward); x, dy, dx (backward)
@@ -34,16 +35,6 @@ class Mish(nn.Module):
 class NativeMish(nn.Module):
     def forward(self, x):
         return F.mish(x)
-
-
-def forward_backward(fn, x: torch.Tensor, upstream: torch.Tensor):
-    x = x.detach().clone().requires_grad_()
-
-    def call() -> None:
-        fn(x).backward(upstream)
-        x.grad = None
-
-    return call
 
 
 def main() -> None:
@@ -100,12 +91,7 @@ def main() -> None:
         "floor_ms": round(floor_ms, 3),
         "dcnb_vs_floor": round(times["dcnb"].median / floor_ms, 3),
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        width = max(map(len, result))
-        for key, value in result.items():
-            print(f"{key:<{width}}  {value}")
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

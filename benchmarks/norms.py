@@ -7,7 +7,6 @@ one interleaved run (medians, ms). ``--json`` prints one JSON line per operator.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 from torch import nn
@@ -16,22 +15,14 @@ import dcnb
 from dcnb._src import timing
 from dcnb._src.cli import _shape
 
+from common import forward_backward, print_result
+
 #: operator -> (module factory for an input shape, default shape: attention scores, transformer activations)
 OPS = {
     "softmax": (lambda shape: nn.Softmax(dim=-1), (16, 256, 512)),
     "layernorm": (lambda shape: nn.LayerNorm(shape[-1]), (16, 256, 768)),
 }
 RECIPE = ("fuse_rows",)
-
-
-def forward_backward(fn, x: torch.Tensor, upstream: torch.Tensor):
-    x = x.detach().clone().requires_grad_()
-
-    def call() -> None:
-        fn(x).backward(upstream)
-        x.grad = None
-
-    return call
 
 
 def measure(op: str, shape: tuple[int, ...], budget: float) -> dict:
@@ -74,12 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     for op in OPS if args.op == "both" else [args.op]:
         result = measure(op, args.shape or OPS[op][1], args.budget)
-        if args.json:
-            print(json.dumps(result), flush=True)
-        else:
-            width = max(map(len, result))
-            for key, value in result.items():
-                print(f"{key:<{width}}  {value}")
+        print_result(result, args.json)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ the call path is what is timed. One interleaved run (medians, microseconds); ``-
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
@@ -15,6 +14,7 @@ import dcnb
 from dcnb._src import timing
 from dcnb._src.cli import MISH_RECIPE, _shape
 
+from common import print_result
 from mish import Mish
 
 
@@ -59,12 +59,7 @@ def main() -> None:
         "shape": list(args.shape),
         "runs": times["dcnb_forward"].runs,
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        width = max(map(len, result))
-        for key, value in result.items():
-            print(f"{key:<{width}}  {value}")
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

@@ -183,13 +183,16 @@ class DcnbModule(nn.Module):
         outputs = [o if o.shape == shape else o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    @torch.no_grad()
     def _write_back(self, buffers: dict[str, torch.Tensor]) -> None:
         """What PyTorch's training-mode forward does to the module's buffers: new running statistics, counters."""
-        for path, value in buffers.items():
-            self.module.get_buffer(path).copy_(value.reshape(self.module.get_buffer(path).shape))
-        for path in self._runner.imported.counters:
-            self.module.get_buffer(path).add_(1)
+        counters = self._runner.imported.counters
+        if not buffers and not counters:
+            return  # most modules: on every call, so no grad-mode switch for nothing (a few microseconds)
+        with torch.no_grad():
+            for path, value in buffers.items():
+                self.module.get_buffer(path).copy_(value.reshape(self.module.get_buffer(path).shape))
+            for path in counters:
+                self.module.get_buffer(path).add_(1)
 
 
 def _resolve(module: nn.Module, path: str):
