@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import io
 import os
 import pathlib
 import re
@@ -13,6 +14,7 @@ import warnings
 
 import cmake
 import dace
+import torch
 from dace.codegen import codegen, compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.codegen.exceptions import CompilationError, CompilerConfigurationError
@@ -48,7 +50,8 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
             events.emit("build")
             _precompile_header(folders.values())
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(todo)) as pool:
-                futures = {k: pool.submit(_compile, folders[k], s.name) for s, k in todo}
+                config = _config_text()
+                futures = {k: pool.submit(_compile, folders[k], s.name, config) for s, k in todo}
                 for k, future in futures.items():
                     future.result()
         for s, k in prepared:
@@ -70,6 +73,16 @@ def _configure(device: str) -> None:
     if device == "cpu" and vecmath.libraries():
         libs = Config.get("compiler", "cpu", "libs")
         Config.set("compiler", "cpu", "libs", value=f"{libs} {vecmath.libraries()}".strip())
+    if device == "cpu" and _wide_vectors():
+        # GCC vectorizes for 256-bit registers on AVX-512 machines unless told otherwise; PyTorch's kernels use
+        # 512-bit ones there, and so do we (Softmax forward 1.74 -> 1.24 ms: half the calls to libmvec's exp)
+        args = Config.get("compiler", "cpu", "args")
+        Config.set("compiler", "cpu", "args", value=f"{args} -mprefer-vector-width=512")
+
+
+def _wide_vectors() -> bool:
+    """Whether to vectorize with 512-bit registers: where ATen's own CPU dispatch picks its AVX-512 kernels."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def _put_first_on_path(folder: str) -> None:
@@ -139,9 +152,19 @@ def _targets(folder) -> frozenset:
     )
 
 
-def _compile(folder: str, name: str) -> None:
+def _config_text() -> str:
+    text = io.StringIO()
+    Config.save(file=text)
+    return text.getvalue()
+
+
+def _compile(folder: str, name: str, config: str) -> None:
     try:
-        compiler.configure_and_compile(folder, name)
+        # DaCe's Config is per thread: a new thread starts from the defaults, without the flags set here (and in
+        # the cache key), so the compile thread takes the calling thread's whole configuration
+        with temporary_config():
+            Config.load(file=io.StringIO(config))
+            compiler.configure_and_compile(folder, name)
     except (CompilationError, CompilerConfigurationError) as e:
         log = str(e)
         raise CompileError(f"the generated code does not compile: {_compiler_error(log)}", log=log) from e

@@ -29,3 +29,15 @@ def test_a_cold_build_cache_prepares_the_precompiled_header_before_the_parallel_
     assert session.current.ok and session.current.compile_seconds > 0
     assert threads[0] is threading.current_thread()
     assert len(list((tmp_path / "dace").rglob("pch/*/*.gch"))) == 1
+
+
+def test_the_compile_threads_build_with_the_callers_dace_configuration(fresh_cache):
+    # DaCe's Config is per thread: the compile threads built with the defaults, without the flags in the cache key
+    from dace.config import Config, temporary_config
+
+    with temporary_config():
+        Config.set("compiler", "cpu", "args", value=Config.get("compiler", "cpu", "args") + " -DDCNB_PROBE=1")
+        session = dcnb.optimize(Mish(), torch.rand(2, 3, 5, 7), baselines=(), time_budget=0.05)
+    assert session.current.ok
+    commands = list(fresh_cache.rglob("compile_commands.json"))
+    assert len(commands) == 2 and all("-DDCNB_PROBE=1" in c.read_text() for c in commands)
