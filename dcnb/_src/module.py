@@ -137,14 +137,16 @@ class _Apply(torch.autograd.Function):
         outputs, saved, buffers = runner.forward(list(tensors))
         write_back(buffers)
         ctx.runner = runner
-        ctx.saved = saved
+        # saved through autograd: a second backward needs retain_graph, and an output changed in place since the
+        # forward is caught, as for PyTorch's own functions
+        ctx.names = list(saved)
+        ctx.save_for_backward(*saved.values())
         ctx.shapes = [t.shape for t in tensors]
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grad_outputs: torch.Tensor):
-        grads = ctx.runner.backward(ctx.saved, list(grad_outputs))
-        ctx.saved = None
+        grads = ctx.runner.backward(dict(zip(ctx.names, ctx.saved_tensors)), list(grad_outputs))
         return (None, None, *(g if g is None or g.shape == s else g.reshape(s) for g, s in zip(grads, ctx.shapes)))
 
 

@@ -146,6 +146,24 @@ def test_module_trains_like_pytorch():
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
+def test_module_backward_follows_autograd_rules_for_saved_values(mish_session):
+    """What the backward needs is saved through autograd, as for PyTorch's own functions: a second backward works with
+    retain_graph (it failed with a TypeError), and an output changed in place since the forward is an error, not a
+    wrong gradient."""
+    x = torch.rand(*SHAPE, requires_grad=True)
+    y = mish_session.module(x)
+    upstream = torch.randn(*SHAPE)
+    (first,) = torch.autograd.grad(y, x, upstream, retain_graph=True)
+    (second,) = torch.autograd.grad(y, x, upstream)
+    torch.testing.assert_close(first, second)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(y, x, upstream)
+    y = mish_session.module(x)
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(upstream)
+
+
 def test_module_rejects_shapes_it_was_not_built_for(mish_session):
     with pytest.raises(dcnb.InputError, match=r"compiled as \(2, 4, 16, 16\) float32; got \(3, 4, 16, 16\)"):
         mish_session.module(torch.rand(3, 4, 16, 16))
