@@ -150,8 +150,12 @@ def overwritten(sdfg: dace.SDFG, name: str) -> bool:
     shape = sdfg.arrays[name].shape
     if len(path) == 1:
         return edge.data.subset.covers(dace.subsets.Range.from_array(sdfg.arrays[name]))
+    if any(not isinstance(e.dst, nodes.MapExit) for e in path[:-1]):
+        return False
     # from the map's range and the inner memlet: DaCe's Vectorization leaves the outer memlet wrong
-    return len(path) == 2 and isinstance(edge.src, nodes.MapExit) and _tiles_cover(path[0].data.subset, edge.src.map, shape)
+    if len(path) == 2:
+        return _tiles_cover(path[0].data.subset, edge.src.map, shape)
+    return _rows_cover(path[0].data.subset, [e.dst.map for e in path[:-1]], shape)
 
 
 def _tiles_cover(subset, scope: nodes.Map, shape) -> bool:
@@ -171,6 +175,46 @@ def _tiles_cover(subset, scope: nodes.Map, shape) -> bool:
         except TypeError:  # symbolic sizes: cannot tell, so the caller zeroes
             return False
     return used == set(scope.params)
+
+
+def _rows_cover(subset, scopes: list[nodes.Map], shape) -> bool:
+    """Whether nested maps (innermost first) whose parameters each index one array dimension write all of it: an
+    inner parameter may run over a tile that an outer parameter moves along (fuse_rows' chunks of rows), provided
+    the tiles leave no gap."""
+    ranges = {p: r for scope in scopes for p, r in zip(scope.params, scope.range.ndrange())}
+    used = set()
+    for (begin, end, _), size in zip(subset.ndrange(), shape):
+        param = str(begin)
+        if param not in ranges:
+            if begin != 0 or end != size - 1:
+                return False
+            continue
+        if begin != end or param in used:
+            return False
+        used.add(param)
+        if not _covers(ranges[param], size, ranges):
+            return False
+    return True
+
+
+def _covers(rng, size, ranges) -> bool:
+    """Whether a parameter's range, over every value of the outer parameter it may depend on, is 0..size-1."""
+    first, last, stride = rng
+    if stride != 1:
+        return False
+    outer = {str(s) for s in dace.symbolic.pystr_to_symbolic(first).free_symbols | dace.symbolic.pystr_to_symbolic(last).free_symbols}
+    if not outer:
+        return first == 0 and last == size - 1
+    if len(outer) != 1 or next(iter(outer)) not in ranges:
+        return False
+    name = next(iter(outer))
+    q = dace.symbolic.symbol(name)
+    q_first, q_last, q_stride = ranges[name]
+    if q_stride != 1 or q_first != 0 or dace.symbolic.pystr_to_symbolic(q_last).free_symbols:
+        return False
+    first, last = dace.symbolic.pystr_to_symbolic(first), dace.symbolic.pystr_to_symbolic(last)
+    gapless = dace.symbolic.simplify(last + 1 - first.subs(q, q + 1)) == 0
+    return gapless and first.subs(q, 0) == 0 and last.subs(q, q_last) == size - 1
 
 
 def to_gpu(sdfg: dace.SDFG) -> int:

@@ -1,8 +1,10 @@
 """Gradients one map writes element by element are written, not accumulated: the runner skips zeroing them."""
 
+import dace
 import pytest
 import torch
 import torch.nn.functional as F
+from dace.sdfg import nodes
 
 import dcnb
 from dcnb._src import program
@@ -30,3 +32,30 @@ def test_a_fused_backward_overwrites_its_gradient_and_needs_no_zeros():
         x64 = x.double().requires_grad_()
         F.mish(x64).backward(upstream.double())
         torch.testing.assert_close(garbage.double(), x64.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_map_overwrites_its_gradient():
+    """fuse_rows writes Softmax's input gradient from a map over the rows around one over the columns: every element
+    once, so no zeros either (LayerNorm's, in chunks of rows: test_rows.py)."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 16, 32)
+    session = dcnb.optimize(torch.nn.Softmax(dim=-1), x, baselines=(), time_budget=0.05)
+    assert session.apply("fuse_rows").ok
+    assert program.overwritten(session.backward_sdfg, "gradient_input")
+    runner = session._states[-1].runner
+    upstream = torch.randn(*x.shape)
+    garbage = torch.full(x.shape, float("nan"))
+    y = torch.softmax(x, -1)
+    runner.backward_binary(__return=y, gradient___return=upstream, gradient_input=garbage)
+    x64 = x.double().requires_grad_()
+    torch.softmax(x64, -1).backward(upstream.double())
+    torch.testing.assert_close(garbage.double(), x64.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tiles, covers", [(("4*c", "4*c + 3"), True), (("4*c", "4*c + 2"), False)])
+def test_rows_in_chunks_cover_the_array_only_without_gaps(tiles, covers):
+    chunks = nodes.Map("chunks", ["c"], dace.subsets.Range([(0, 3, 1)]))
+    rows = nodes.Map("rows", ["r"], dace.subsets.Range([tuple(dace.symbolic.pystr_to_symbolic(t) for t in tiles) + (1,)]))
+    columns = nodes.Map("columns", ["i"], dace.subsets.Range([(0, 7, 1)]))
+    element = dace.subsets.Range.from_string("r, i")
+    assert program._rows_cover(element, [columns, rows, chunks], (16, 8)) is covers
