@@ -45,6 +45,19 @@ def implementation(node: Reduce, state: dace.SDFGState) -> str:
     return "pure-seq"
 
 
+def is_column_sum(node: Reduce, state: dace.SDFGState) -> bool:
+    """Whether ``node`` sums a whole array over every axis but the last (into that axis' length)."""
+    return _down_columns(node, state) and detect_reduction_type(node.wcr) == dace.dtypes.ReductionType.Sum
+
+
+def _down_columns(node: Reduce, state: dace.SDFGState) -> bool:
+    shapes = _shapes(node, state)
+    if shapes is None:
+        return False
+    shape, out, axes = shapes
+    return axes == list(range(len(shape) - 1)) and out[-1] == shape[-1] and all(s == 1 for s in out[:-1])
+
+
 def _shapes(node: Reduce, state: dace.SDFGState) -> tuple[list[int], list[int], list[int]] | None:
     """(input shape, output shape, reduced axes) where ``node`` reduces a whole array into a whole array of
     constant shape, its input contiguous along the last axis; else None."""
@@ -64,13 +77,10 @@ def _shapes(node: Reduce, state: dace.SDFGState) -> tuple[list[int], list[int], 
 
 
 def _column_tile(node: Reduce, state: dace.SDFGState) -> int | None:
-    """Columns per tile where ``node`` sums over every axis but the last into that axis' length, else None."""
-    shapes = _shapes(node, state)
-    if shapes is None:
+    """Columns per tile where ``node`` reduces over every axis but the last into that axis' length, else None."""
+    if not _down_columns(node, state):
         return None
-    shape, out, axes = shapes
-    if axes != list(range(len(shape) - 1)) or out[-1] != shape[-1] or any(s != 1 for s in out[:-1]):
-        return None
+    shape = _shapes(node, state)[0]
     tile = max(d for d in range(1, min(COLUMN_TILE, shape[-1]) + 1) if shape[-1] % d == 0)
     return tile if tile >= COLUMN_TILE_MIN else None
 

@@ -11,7 +11,9 @@ atomics. This action, after autodiff, on the forward and the backward:
 3. fuses the row maps (MapFusion, outermost maps only): what one row needs (its maximum, its sum, its
    exponentials) then stays in cache or on the stack, and each row is read from memory once or twice instead of
    once per operation; the loops inside stay apart, so that GCC vectorizes the elementwise ones;
-4. puts small constant-size transients on the stack (DaCe's move_small_arrays_to_stack, with a 4096-element
+4. folds the column sums of what the row map writes or reads (a norm's weight and bias gradients) into it, as
+   partial sums per chunk of rows (partial_sums.py), instead of writing a full-size temporary to sum afterwards;
+5. puts small constant-size transients on the stack (DaCe's move_small_arrays_to_stack, with a 4096-element
    limit), so that per-row buffers are not heap allocations in the loop.
 """
 
@@ -28,7 +30,7 @@ from dace.transformation.dataflow import MapCollapse, MapExpansion, MapFusion
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 
-from dcnb._src import reductions
+from dcnb._src import partial_sums, reductions
 
 #: elements up to which a constant-size transient lives on the stack (a row of 4096 floats is 16 KiB)
 STACK_ELEMENTS = 4096
@@ -46,10 +48,14 @@ def apply(sdfg: dace.SDFG, where, options: dict) -> int:
         return 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _expand(sdfg)
+        _expand(sdfg, keep=lambda n, s: isinstance(n, Reduce) and reductions.is_column_sum(n, s))
         sdfg.simplify()
         _split_rows(sdfg)
         fused = _fuse_outermost(sdfg)
+        fused += partial_sums.fold(sdfg)
+        _expand(sdfg)
+        sdfg.simplify()
+        fused += _fuse_outermost(sdfg)  # the column sums left with the maps that add them into the gradients
         for state in sdfg.states():
             for node in state.nodes():
                 if isinstance(node, nodes.MapEntry) and state.entry_node(node) is None:
@@ -78,13 +84,16 @@ def _outermost(match: MapFusion) -> bool:
     return state.entry_node(match.second_map_entry) is None and state.sdfg is match._sdfg
 
 
-def _expand(sdfg: dace.SDFG) -> None:
+def _expand(sdfg: dace.SDFG, keep=lambda node, state: False) -> None:
+    """Expand every library node but those ``keep`` says to keep, reductions with ours where they fit."""
     expand_onnx_nodes(sdfg)
-    while any(isinstance(n, nodes.LibraryNode) for n, _ in sdfg.all_nodes_recursive()):
-        for node, state in sdfg.all_nodes_recursive():
+    while todo := [
+        (n, s) for n, s in sdfg.all_nodes_recursive() if isinstance(n, nodes.LibraryNode) and not keep(n, s)
+    ]:
+        for node, state in todo:
             if isinstance(node, Reduce):
                 node.implementation = reductions.implementation(node, state)
-        sdfg.expand_library_nodes(recursive=False)
+            node.expand(state)
 
 
 def _split_rows(sdfg: dace.SDFG) -> None:

@@ -1,5 +1,6 @@
 """fuse_rows: Softmax and LayerNorm, forward and backward, as parallel maps over rows without atomics."""
 
+import math
 import pathlib
 
 import pytest
@@ -21,8 +22,9 @@ def _source(binary) -> str:
     "module, shape, backward_kernels",
     [
         (nn.Softmax(dim=-1), (4, 64, 32), 1),
-        # the row map, a walk over the rows by column tiles for each of the weight and bias gradients, and the small
-        # maps adding those two into their gradients (opfixes: LayerNorm's backward rule writes through temporaries)
+        # the row map in chunks, a walk by column tiles over each of the weight and bias gradients' partial sums, and
+        # the small maps adding those two into their gradients (opfixes: LayerNorm's backward rule writes through
+        # temporaries)
         (nn.LayerNorm(32), (4, 64, 32), 5),
         # 131 columns split into no tile of 16 or more: the gradients' column sums take DaCe's loop per column
         (nn.LayerNorm(131), (2, 3, 131), 3),
@@ -47,3 +49,21 @@ def test_rows_fuse_into_parallel_maps_and_stay_right(module, shape, backward_ker
         assert "#pragma omp simd reduction(" in code
     # the naive build reduces with atomics, which is what this replaces
     assert "reduce_atomic" in _source(session._states[0].runner.forward_binary)
+
+
+def test_column_sums_fold_into_the_row_map_as_partial_sums():
+    """LayerNorm's weight and bias gradients are summed per chunk of rows inside the row map, so that the backward
+    keeps no temporary as large as the input (it wrote dY * x_hat in full, to sum it afterwards)."""
+    torch.manual_seed(0)
+    shape = (4, 64, 64)
+    session = dcnb.optimize(nn.LayerNorm(64), torch.randn(*shape), baselines=(), time_budget=0.0)
+    step = session.apply("fuse_rows")
+    assert step.ok and step.check.ok, step.error
+    backward = session.backward_sdfg
+    transients = {name: desc.shape for name, desc in backward.arrays.items() if desc.transient}
+    assert not [name for name, s in transients.items() if math.prod(s) == math.prod(shape)], transients
+    partials = [s for name, s in transients.items() if name.endswith("_partials")]
+    assert partials == [(64, 64), (64, 64)], transients
+    assert step.counts["backward"]["kernels"] == 5
+    # the gradients are written once each, so the module hands the compiled code empty arrays, not zeroed ones
+    assert not session._states[-1].runner._accumulated
