@@ -8,23 +8,27 @@ atomics. This action, after autodiff, on the forward and the backward:
    others as a map over the kept dimensions with a sequential loop over the reduced ones (DaCe's "pure-seq");
 2. splits every map of several dimensions into a map over all but the last (the rows) around a sequential map
    over the last (MapExpansion, then MapCollapse of the outer ones), except maps over exactly the rows;
-3. fuses the row maps (MapFusion, outermost maps only): what one row needs (its maximum, its sum, its
+3. fuses the row maps (MapFusion of the outermost maps): what one row needs (its maximum, its sum, its
    exponentials) then stays in cache or on the stack, and each row is read from memory once or twice instead of
-   once per operation; the loops inside stay apart, so that GCC vectorizes the elementwise ones;
+   once per operation;
 4. folds the column sums of what the row map writes or reads (a norm's weight and bias gradients) into it, as
    partial sums per chunk of rows (partial_sums.py), instead of writing a full-size temporary to sum afterwards;
-5. puts small constant-size transients on the stack (DaCe's move_small_arrays_to_stack, with a 4096-element
+5. fuses the elementwise loops inside a row into as few passes over it as the reductions between them allow
+   (LayerNorm's backward: 17 passes over each row -> 9, 4.3 -> 3.2 ms);
+6. puts small constant-size transients on the stack (DaCe's move_small_arrays_to_stack, with a 4096-element
    limit), so that per-row buffers are not heap allocations in the loop.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import dace
 from dace.config import Config, temporary_config
 from dace.libraries.standard import Reduce
 from dace.sdfg import nodes
+from dace.sdfg.propagation import propagate_memlets_scope
 from dace.transformation.auto.auto_optimize import move_small_arrays_to_stack
 from dace.transformation.dataflow import MapCollapse, MapExpansion, MapFusion
 from dace.transformation.onnx.optimize import expand_onnx_nodes
@@ -56,6 +60,7 @@ def apply(sdfg: dace.SDFG, where, options: dict) -> int:
         _expand(sdfg)
         sdfg.simplify()
         fused += _fuse_outermost(sdfg)  # the column sums left with the maps that add them into the gradients
+        fused += _fuse(sdfg, _elementwise)
         for state in sdfg.states():
             for node in state.nodes():
                 if isinstance(node, nodes.MapEntry) and state.entry_node(node) is None:
@@ -67,16 +72,38 @@ def apply(sdfg: dace.SDFG, where, options: dict) -> int:
 
 
 def _fuse_outermost(sdfg: dace.SDFG) -> int:
-    """MapFusion of row maps only: fusing the loops inside them too would put a reduction into the loop that
-    computes its operands (exp(x - max) into the sum), which GCC then cannot vectorize without reassociating."""
+    return _fuse(sdfg, _outermost)
+
+
+def _fuse(sdfg: dace.SDFG, which: Callable[[MapFusion], bool]) -> int:
     fused = 0
     while True:
         matches = Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion])
-        match = next((m for m in matches if _outermost(m)), None)
+        match = next((m for m in matches if which(m)), None)
         if match is None:
             return fused
-        match.apply_pattern(append=False)
+        state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
+        fused_entry = state.entry_node(match.first_map_exit)  # MapFusion keeps the first map's entry
+        # memlets propagated for the fused map and the maps around it, not the whole SDFG after every fusion (which
+        # took most of the step's time)
+        match.apply_pattern(append=False, annotate=False)
+        propagate_memlets_scope(state.sdfg, state, state.scope_tree()[fused_entry])
         fused += 1
+
+
+def _elementwise(match: MapFusion) -> bool:
+    """Two loops over the columns inside a row map, neither of which accumulates along its own loop: fusing a
+    reduction's loop into the loop that computes its operands (exp(x - max) into the sum) would keep GCC from
+    vectorizing that loop, as it may not reassociate the sum."""
+    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
+    first, second = state.entry_node(match.first_map_exit), match.second_map_entry
+    if state.entry_node(second) is None or any(len(e.map.params) != 1 for e in (first, second)):
+        return False
+    for entry in (first, second):
+        for edge in state.in_edges(state.exit_node(entry)):
+            if edge.data.wcr is not None and entry.map.params[0] not in map(str, edge.data.subset.free_symbols):
+                return False
+    return True
 
 
 def _outermost(match: MapFusion) -> bool:
@@ -129,6 +156,7 @@ def _collapse_one(sdfg: dace.SDFG) -> bool:
             # MapExpansion made the inner maps sequential; the outer part of the rows keeps the outer schedule
             inner.map.schedule = outer.map.schedule
             if MapCollapse.can_be_applied_to(sdfg, outer_map_entry=outer, inner_map_entry=inner):
-                MapCollapse.apply_to(sdfg, outer_map_entry=outer, inner_map_entry=inner)
+                entry, _ = MapCollapse.apply_to(sdfg, annotate=False, outer_map_entry=outer, inner_map_entry=inner)
+                propagate_memlets_scope(state.sdfg, state, state.scope_tree()[entry])
                 return True
     return False
