@@ -4,10 +4,11 @@ DaCe's own expansions reduce with atomics ("pure") or with a sequential loop per
 The loop per element is right for the work but wrong for the machine in the two reductions a softmax or a norm
 needs:
 
-- along each row (a maximum or a sum over the last axis): the loop carries its accumulator from one element to
-  the next, and GCC vectorizes such a loop only where it may reassociate, which no flag of ours allows globally.
-  RowReduction emits the loop with ``#pragma omp simd reduction``: reassociation for this loop only, as OpenMP
-  defines it, so the row is reduced eight lanes at a time.
+- along each row (a maximum over the last axis): the loop carries its accumulator from one element to the next,
+  and GCC vectorizes a maximum only where it may also assume no NaN, which no flag of ours allows. RowReduction
+  emits the loop with ``#pragma omp simd reduction``: reassociation for this loop only, as OpenMP defines it, so
+  the row is reduced a vector at a time. Sums along a row keep DaCe's loop: the build lets GCC reassociate sums
+  (build.py), and as a map that loop can fuse into the one computing its terms (rows.py).
 - down each column (a norm's weight and bias gradients: a sum over all rows per feature): one loop per column
   strides a whole row between elements. ColumnSums walks the rows in order with a tile of columns innermost, one
   tile per thread, so memory is read in order and the inner loop vectorizes without reassociating.
@@ -27,9 +28,8 @@ from dace.transformation.transformation import ExpandTransformation
 COLUMN_TILE = 128
 #: the fewest columns a tile may have for the column walk to pay
 COLUMN_TILE_MIN = 16
-#: reduction type -> (OpenMP reduction identifier, how one element updates the accumulator)
+#: reduction type -> (OpenMP reduction identifier, how one element updates the accumulator); sums stay DaCe's
 _ROW_UPDATES = {
-    dace.dtypes.ReductionType.Sum: ("+", "acc + _row[i]"),
     dace.dtypes.ReductionType.Product: ("*", "acc * _row[i]"),
     dace.dtypes.ReductionType.Max: ("max", "(_row[i] > acc ? _row[i] : acc)"),
     dace.dtypes.ReductionType.Min: ("min", "(_row[i] < acc ? _row[i] : acc)"),
@@ -40,7 +40,7 @@ def implementation(node: Reduce, state: dace.SDFGState) -> str:
     """The expansion ``node`` should get: one of ours where it fits, else DaCe's atomics-free "pure-seq"."""
     if _column_tile(node, state):
         return "dcnb-columns"
-    if _row_update(node, state):
+    if _row_update(node, state):  # not for sums (see above)
         return "dcnb-rows"
     return "pure-seq"
 
