@@ -20,6 +20,8 @@ from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.codegen.exceptions import CompilationError, CompilerConfigurationError
 from dace.codegen.target import TargetCodeGenerator
 from dace.config import Config, temporary_config
+from dace.frontend.operations import detect_reduction_type
+from dace.sdfg import nodes
 
 from . import cache, events, program, schedule, vecmath
 from .errors import CompileError
@@ -42,26 +44,24 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
     with temporary_config(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _configure(device)
-        flags = _flags()
-        prepared = [(None, None) if s is None else _prepare(s, device, flags) for s in sdfgs]
-        todo = [(s, k) for s, k in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
-        folders = {k: _generate(s, k) for s, k in todo}
+        prepared = [(None, None, "") if s is None else _prepare(s, device) for s in sdfgs]
+        todo = [(s, k, args) for s, k, args in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
+        folders = {k: _generate(s, k) for s, k, _ in todo}
         if todo:
             events.emit("build")
-            _precompile_header(folders.values())
+            _precompile_header([(folders[k], args) for _, k, args in todo])
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(todo)) as pool:
-                config = _config_text()
-                futures = {k: pool.submit(_compile, folders[k], s.name, config) for s, k in todo}
+                futures = {k: pool.submit(_compile, folders[k], s.name, _config_text(args)) for s, k, args in todo}
                 for k, future in futures.items():
                     future.result()
-        for s, k in prepared:
+        for s, k, _ in prepared:
             if s is not None and k not in _loaded:
                 _loaded[k] = compiler.load_precompiled_sdfg(_folder(k, s), s)
     seconds = time.perf_counter() - start if todo else 0.0
     return Built(
-        binaries=[None if k is None else _loaded[k] for _, k in prepared],
+        binaries=[None if k is None else _loaded[k] for _, k, _ in prepared],
         seconds=seconds,
-        keys=[k for _, k in prepared],
+        keys=[k for _, k, _ in prepared],
     )
 
 
@@ -73,17 +73,31 @@ def _configure(device: str) -> None:
     if device == "cpu" and vecmath.libraries():
         libs = Config.get("compiler", "cpu", "libs")
         Config.set("compiler", "cpu", "libs", value=f"{libs} {vecmath.libraries()}".strip())
-    if device == "cpu":
-        # a sum may be reassociated, as OpenMP's simd reductions and PyTorch's own vectorized kernels do: GCC then
-        # vectorizes a loop that accumulates (fuse_rows folds a row's sum into the loop computing its terms). Every
-        # step still checks its results against PyTorch. The rest of -ffast-math stays off (NaN and inf work).
-        args = Config.get("compiler", "cpu", "args")
-        Config.set("compiler", "cpu", "args", value=f"{args} -fassociative-math")
-    if device == "cpu" and _wide_vectors():
-        # GCC vectorizes for 256-bit registers on AVX-512 machines unless told otherwise; PyTorch's kernels use
-        # 512-bit ones there, and so do we (Softmax forward 1.74 -> 1.24 ms: half the calls to libmvec's exp)
-        args = Config.get("compiler", "cpu", "args")
-        Config.set("compiler", "cpu", "args", value=f"{args} -mprefer-vector-width=512")
+
+
+def _own_args(sdfg: dace.SDFG, device: str) -> str:
+    """Compiler flags for one SDFG's code. Where it sums along loops (reductions), GCC may reassociate the sums, as
+    OpenMP's simd reductions and PyTorch's vectorized kernels do, and so vectorizes those loops (a row's sum folded
+    into the loop computing its terms ran scalar: Softmax and LayerNorm 1.6-2.5x slower); and it uses 512-bit
+    vectors where ATen picks its AVX-512 kernels (GCC prefers 256 bits: 15-20% slower there). Elsewhere neither
+    pays: Mish's fused and vectorized code ran 27% slower with both. NaN and inf keep working (no finite math),
+    and every step still checks its results against PyTorch."""
+    if device != "cpu" or not _sums_in_loops(sdfg):
+        return ""
+    return " -fassociative-math" + (" -mprefer-vector-width=512" if _wide_vectors() else "")
+
+
+def _sums_in_loops(sdfg: dace.SDFG) -> bool:
+    """Whether a sequential map adds into the same element over some parameter's iterations (a reduction loop)."""
+    for node, state in sdfg.all_nodes_recursive():
+        if isinstance(node, nodes.MapExit) and node.map.schedule == dace.ScheduleType.Sequential:
+            for edge in state.in_edges(node):
+                if edge.data.wcr is None or detect_reduction_type(edge.data.wcr) != dace.dtypes.ReductionType.Sum:
+                    continue
+                used = {str(s) for s in edge.data.subset.free_symbols}
+                if any(p not in used for p in node.map.params):
+                    return True
+    return False
 
 
 def _wide_vectors() -> bool:
@@ -98,27 +112,28 @@ def _put_first_on_path(folder: str) -> None:
         os.environ["PATH"] = os.pathsep.join([folder, *(p for p in paths if p != folder)])
 
 
-def _flags() -> dict[str, str]:
+def _flags(args: str) -> dict[str, str]:
     return {
-        "cpu.args": Config.get("compiler", "cpu", "args"),
+        "cpu.args": Config.get("compiler", "cpu", "args") + args,
         "cpu.libs": Config.get("compiler", "cpu", "libs"),
         "cuda.args": Config.get("compiler", "cuda", "args"),
         "build_type": Config.get("compiler", "build_type"),
     }
 
 
-def _prepare(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> tuple[dace.SDFG, str]:
+def _prepare(sdfg: dace.SDFG, device: str) -> tuple[dace.SDFG, str, str]:
     sdfg = copy.deepcopy(sdfg)
     if device == "cuda" and program.host_maps(sdfg):
         program.to_gpu(sdfg)
     if device == "cpu":
         vecmath.install(sdfg)
         schedule.apply(sdfg)
-    key = cache.key(sdfg, device, flags)
+    args = _own_args(sdfg, device)
+    key = cache.key(sdfg, device, _flags(args))
     base = re.sub(r"_[0-9a-f]{16}$", "", sdfg.name)
     sdfg.name = f"{base}_{key[:16]}"
     sdfg.build_folder = str(_folder(key, sdfg))
-    return sdfg, key
+    return sdfg, key, args
 
 
 def _folder(key: str, sdfg: dace.SDFG):
@@ -140,14 +155,16 @@ def _generate(sdfg: dace.SDFG, key: str):
     return compiler.generate_program_folder(sdfg, objects, str(_folder(key, sdfg)))
 
 
-def _precompile_header(folders) -> None:
-    """Build DaCe's precompiled runtime header here, once, before the compiles start in parallel.
+def _precompile_header(builds) -> None:
+    """Build DaCe's precompiled runtime header here, once per set of flags, before the compiles start in parallel.
 
     DaCe stages the header under a name made of the process id only, so two threads of one process building it
     at once write the same file and leave a corrupt header that crashes every later compile (cc1plus segfaults).
     """
-    for targets in {_targets(folder) for folder in folders}:
-        compiler.prepare_precompiled_header(dict(targets))
+    for targets, args in {(_targets(folder), args) for folder, args in builds}:
+        with temporary_config():
+            Config.set("compiler", "cpu", "args", value=Config.get("compiler", "cpu", "args") + args)
+            compiler.prepare_precompiled_header(dict(targets))
 
 
 def _targets(folder) -> frozenset:
@@ -158,10 +175,13 @@ def _targets(folder) -> frozenset:
     )
 
 
-def _config_text() -> str:
-    text = io.StringIO()
-    Config.save(file=text)
-    return text.getvalue()
+def _config_text(args: str) -> str:
+    """This thread's DaCe configuration, with ``args`` added to the CPU compiler's flags."""
+    with temporary_config():
+        Config.set("compiler", "cpu", "args", value=Config.get("compiler", "cpu", "args") + args)
+        text = io.StringIO()
+        Config.save(file=text)
+        return text.getvalue()
 
 
 def _compile(folder: str, name: str, config: str) -> None:
