@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import dataclasses
 import io
@@ -162,8 +163,7 @@ def _precompile_header(builds) -> None:
     at once write the same file and leave a corrupt header that crashes every later compile (cc1plus segfaults).
     """
     for targets, args in {(_targets(folder), args) for folder, args in builds}:
-        with temporary_config():
-            Config.set("compiler", "cpu", "args", value=Config.get("compiler", "cpu", "args") + args)
+        with _cpu_args(args):
             compiler.prepare_precompiled_header(dict(targets))
 
 
@@ -175,10 +175,17 @@ def _targets(folder) -> frozenset:
     )
 
 
-def _config_text(args: str) -> str:
-    """This thread's DaCe configuration, with ``args`` added to the CPU compiler's flags."""
+@contextlib.contextmanager
+def _cpu_args(args: str):
+    """For the block: this thread's DaCe configuration with ``args`` added to the CPU compiler's flags."""
     with temporary_config():
         Config.set("compiler", "cpu", "args", value=Config.get("compiler", "cpu", "args") + args)
+        yield
+
+
+def _config_text(args: str) -> str:
+    """This thread's DaCe configuration, with ``args`` added to the CPU compiler's flags."""
+    with _cpu_args(args):
         text = io.StringIO()
         Config.save(file=text)
         return text.getvalue()
