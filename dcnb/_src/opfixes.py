@@ -207,13 +207,10 @@ class HardSigmoidExpansion(ONNXForward):
     # gap: DaCe has no implementation of the ONNX op HardSigmoid (nn.Hardsigmoid)
     @staticmethod
     def forward(node, state, sdfg):
-        t = f"dace.{in_desc_with_name(node, state, sdfg, 'X').dtype.to_string()}"
-        fn = f"lambda x: max({t}(0), min({t}(1), {t}({node.alpha!r}) * x + {t}({node.beta!r})))"
-
-        def prog(X, Y):
-            Y[:] = dace.elementwise(fn, X)
-
-        return program_for_node(prog, sdfg, state, node)
+        alpha, beta = node.alpha, node.beta
+        return _elementwise(
+            node, state, sdfg, lambda t: f"lambda x: max({t}(0), min({t}(1), {t}({alpha!r}) * x + {t}({beta!r})))"
+        )
 
 
 @_pure_expansion("HardSwish")
@@ -221,13 +218,18 @@ class HardSwishExpansion(ONNXForward):
     # gap: DaCe has no implementation of the ONNX op HardSwish (nn.Hardswish, MobileNetV3)
     @staticmethod
     def forward(node, state, sdfg):
-        t = f"dace.{in_desc_with_name(node, state, sdfg, 'X').dtype.to_string()}"
-        fn = f"lambda x: x * min(max(x + {t}(3), {t}(0)), {t}(6)) / {t}(6)"
+        return _elementwise(node, state, sdfg, lambda t: f"lambda x: x * min(max(x + {t}(3), {t}(0)), {t}(6)) / {t}(6)")
 
-        def prog(X, Y):
-            Y[:] = dace.elementwise(fn, X)
 
-        return program_for_node(prog, sdfg, state, node)
+def _elementwise(node, state, sdfg, lambda_for):
+    """The op Y = f(X) as one elementwise map; ``lambda_for(t)`` is f's source, its constants typed as the input's
+    dtype ``t`` (e.g. "dace.float32")."""
+    fn = lambda_for(f"dace.{in_desc_with_name(node, state, sdfg, 'X').dtype.to_string()}")
+
+    def prog(X, Y):
+        Y[:] = dace.elementwise(fn, X)
+
+    return program_for_node(prog, sdfg, state, node)
 
 
 @_pure_expansion("BatchNormalization", name="dcnb")
