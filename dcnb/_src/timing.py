@@ -39,18 +39,22 @@ def interleaved(
     warmup: int | dict[str, int] = 2,
     min_runs: int = 5,
     max_runs: int = 100,
+    sync: Callable[[], object] | None = None,
 ) -> dict[str, Timing]:
     """Time each callable in rounds, rotating the order every round so that no one always runs first.
 
     ``warmup`` calls of each (a dict gives each its own count: what an earlier run warmed needs none) are not
     timed. The first timed round also sizes the run: as many rounds as fit ``budget_s``, at least ``min_runs``,
-    so slow steps get fewer iterations.
+    so slow steps get fewer iterations. ``sync`` (``torch.cuda.synchronize``) ends each timed call where the device
+    runs asynchronously, so that a call's time is its work's, not its launches'.
     """
+    done = sync or (lambda: None)
     names = list(fns)
     warmups = warmup if isinstance(warmup, dict) else dict.fromkeys(names, warmup)
     for name in names:
         for _ in range(warmups.get(name, 0)):
             fns[name]()
+    done()
     samples: dict[str, list[float]] = {name: [] for name in names}
     enabled = gc.isenabled()
     gc.disable()
@@ -60,6 +64,7 @@ def interleaved(
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 t0 = time.perf_counter()
                 fns[name]()
+                done()
                 samples[name].append((time.perf_counter() - t0) * 1e3)
             if r == 0:
                 round_s = max(sum(s[0] for s in samples.values()) / 1e3, 1e-9)

@@ -25,6 +25,14 @@ def test_interleaved_timing_warms_up_only_what_needs_it():
     assert calls == {"new": 5, "warm": 3} and result["warm"].runs == 3
 
 
+def test_interleaved_timing_waits_for_each_call_where_told():
+    # CUDA kernels run after their launch returns: a call's time must end when its work has
+    events = []
+    fns = {name: (lambda n=name: events.append(n)) for name in ("a", "b")}
+    timing.interleaved(fns, budget_s=0.0, warmup=1, min_runs=2, sync=lambda: events.append("sync"))
+    assert events == ["a", "b", "sync", "a", "sync", "b", "sync", "b", "sync", "a", "sync"]
+
+
 def test_timing_statistics():
     t = timing.Timing.of([1.0, 2.0, 3.0, 10.0])
     assert (t.min, t.median, t.max, t.runs) == (1.0, 2.5, 10.0, 4)
