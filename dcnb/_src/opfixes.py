@@ -842,3 +842,59 @@ def zeroed_transients_per_call(sdfg: dace.SDFG) -> int:
                 desc.lifetime = dace.AllocationLifetime.Scope
                 changed.add((id(state.sdfg), node.data))
     return len(changed)
+
+
+# --- before CUDA code generation ------------------------------------------------------------------------------
+
+
+def accumulating_copies_to_maps(sdfg: dace.SDFG) -> int:
+    """Turn copies that add into an array (outside maps) into maps that add element by element; returns how many.
+
+    gap: DaCe's CUDA code generator emits no copy that adds into GPU memory ("Accumulate Device to Device not
+    implemented"), and autodiff adds a gradient's contributions with such copies (MLP and attention backward).
+    """
+    turned = 0
+    for state in (s for g in sdfg.all_sdfgs_recursive() for s in g.states()):
+        for edge in list(state.edges()):
+            src, dst, memlet = edge.src, edge.dst, edge.data
+            if not (isinstance(src, nodes.AccessNode) and isinstance(dst, nodes.AccessNode)) or memlet.wcr is None:
+                continue
+            if state.entry_node(src) is not None:
+                continue
+            arrays = state.sdfg.arrays
+            # the memlet's subset is its data's side of the copy; the other side, where not given, is a whole array
+            ours, other = memlet.subset, memlet.other_subset
+            dst_subset, src_subset = (ours, other) if memlet.data == dst.data else (other, ours)
+            dst_subset = dst_subset or dace.subsets.Range.from_array(arrays[dst.data])
+            src_subset = src_subset or dace.subsets.Range.from_array(arrays[src.data])
+            src_dims = [(r, s) for r, s in zip(src_subset.ndrange(), src_subset.size()) if s != 1]
+            dst_dims = [(r, s) for r, s in zip(dst_subset.ndrange(), dst_subset.size()) if s != 1]
+            if [s for _, s in src_dims] != [s for _, s in dst_dims]:
+                continue  # a reshaping copy: left to DaCe
+            params = [f"__c{i}" for i in range(len(dst_dims))] or ["__c0"]
+            ranges = {p: f"0:{s}" for p, (_, s) in zip(params, dst_dims)} or {"__c0": "0:1"}
+
+            def index(subset, dims):
+                moving = iter(zip(params, dims))
+                parts = []
+                for (begin, _, step), size in zip(subset.ndrange(), subset.size()):
+                    if size == 1:
+                        parts.append(str(begin))
+                    else:
+                        p, _ = next(moving)
+                        parts.append(f"{begin} + ({step}) * {p}")
+                return ", ".join(parts)
+
+            state.add_mapped_tasklet(
+                f"accumulate_{dst.data}",
+                ranges,
+                {"__in": dace.Memlet(f"{src.data}[{index(src_subset, src_dims)}]")},
+                "__out = __in",
+                {"__out": dace.Memlet(f"{dst.data}[{index(dst_subset, dst_dims)}]", wcr=memlet.wcr)},
+                external_edges=True,
+                input_nodes={src.data: src},
+                output_nodes={dst.data: dst},
+            )
+            state.remove_edge(edge)
+            turned += 1
+    return turned

@@ -3,12 +3,16 @@
 Where a zoo entry shows the gap, the test builds that entry, so that tests/compile/test_zoo.py reuses the build.
 """
 
+import dace
+import numpy as np
 import pytest
 import torch
+from dace.sdfg import nodes
 import torch.nn.functional as F
 from torch import nn
 
 import dcnb
+from dcnb._src import opfixes
 from models import TinyMLP
 from zoo import CASES
 
@@ -196,3 +200,21 @@ def test_zero_initialized_transients_are_zeroed_on_every_call():
         session.module(x).square().sum().backward()
         grads.append(module[0].weight.grad.clone())
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_accumulating_copies_become_maps_that_add():
+    # the CUDA build's fix (test_cuda_build.py shows the gap): the maps must add what the copies added
+    sdfg = dace.SDFG("accumulate")
+    sdfg.add_array("A", [6], dace.float32)
+    sdfg.add_array("B", [3, 6], dace.float32)
+    sdfg.add_array("S", [1], dace.float32)
+    sdfg.add_array("T", [1], dace.float32)
+    state = sdfg.add_state()
+    state.add_edge(state.add_read("A"), None, state.add_write("B"), None, dace.Memlet("B[1, 0:6]", wcr="lambda a, b: a + b"))
+    state.add_edge(state.add_read("S"), None, state.add_write("T"), None, dace.Memlet("T[0]", wcr="lambda a, b: a + b"))
+    assert opfixes.accumulating_copies_to_maps(sdfg) == 2
+    assert not any(isinstance(e.src, nodes.AccessNode) and isinstance(e.dst, nodes.AccessNode) for e in state.edges())
+    a, s = np.arange(6, dtype=np.float32), np.full(1, 2, np.float32)
+    b, t = np.ones((3, 6), np.float32), np.ones(1, np.float32)
+    sdfg(A=a, B=b, S=s, T=t)
+    assert np.array_equal(b, np.stack([np.ones(6), 1 + a, np.ones(6)])) and t[0] == 3
