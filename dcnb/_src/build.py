@@ -23,8 +23,10 @@ from dace.codegen.target import TargetCodeGenerator
 from dace.config import Config, temporary_config
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
+from dace.transformation.auto.auto_optimize import make_transients_persistent
+from dace.transformation.onnx.optimize import expand_onnx_nodes
 
-from . import cache, events, program, schedule, vecmath
+from . import cache, events, opfixes, program, schedule, vecmath
 from .errors import CompileError
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
@@ -71,6 +73,9 @@ def _configure(device: str) -> None:
     Config.set("debugprint", value=False)
     if device == "cuda":
         _put_first_on_path(cmake.CMAKE_BIN_DIR)
+        # DaCe launches on streams of its own that do not wait for PyTorch's (non-blocking): a kernel could read
+        # an input PyTorch is still computing. On the default stream, both run in the order they were issued.
+        Config.set("compiler", "cuda", "max_concurrent_streams", value=-1)
     if device == "cpu" and vecmath.libraries():
         libs = Config.get("compiler", "cpu", "libs")
         Config.set("compiler", "cpu", "libs", value=f"{libs} {vecmath.libraries()}".strip())
@@ -118,14 +123,27 @@ def _flags(args: str) -> dict[str, str]:
         "cpu.args": Config.get("compiler", "cpu", "args") + args,
         "cpu.libs": Config.get("compiler", "cpu", "libs"),
         "cuda.args": Config.get("compiler", "cuda", "args"),
+        "cuda.streams": str(Config.get("compiler", "cuda", "max_concurrent_streams")),
         "build_type": Config.get("compiler", "build_type"),
     }
 
 
 def _prepare(sdfg: dace.SDFG, device: str) -> tuple[dace.SDFG, str, str]:
     sdfg = copy.deepcopy(sdfg)
-    if device == "cuda" and program.host_maps(sdfg):
-        program.to_gpu(sdfg)
+    if device == "cuda":
+        # arguments in host memory would be read by host code: torch passes device pointers (a segfault)
+        if not program.on_gpu(sdfg):
+            # library nodes expanded first, so that their maps become kernels with the rest: expanded inside a GPU
+            # schedule, DaCe passed scalars of their nested SDFGs to kernels as values where pointers were needed
+            # (LayerNorm's backward did not compile)
+            expand_onnx_nodes(sdfg)
+            sdfg.simplify()
+            opfixes.accumulating_copies_to_maps(sdfg)
+            program.to_gpu(sdfg)
+        program.size_blocks(sdfg)
+        # GPU transients allocated once per loaded binary, not with cudaMalloc and cudaFree on every call
+        make_transients_persistent(sdfg, dace.DeviceType.GPU)
+        opfixes.zeroed_transients_per_call(sdfg)
     if device == "cpu":
         vecmath.install(sdfg)
         schedule.apply(sdfg)

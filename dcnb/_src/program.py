@@ -218,8 +218,9 @@ def _covers(rng, size, ranges) -> bool:
 
 
 def to_gpu(sdfg: dace.SDFG) -> int:
-    """Place arguments in GPU memory and turn every outermost host map into a CUDA kernel; returns the maps moved."""
-    moved = len(host_maps(sdfg))
+    """Place arguments in GPU memory and turn every outermost host map and library node into GPU code; returns the
+    nodes moved."""
+    moved = len(host_nodes(sdfg))
     for desc in sdfg.arrays.values():
         if not desc.transient and not isinstance(desc, dt.Scalar):
             desc.storage = dace.StorageType.GPU_Global
@@ -227,14 +228,47 @@ def to_gpu(sdfg: dace.SDFG) -> int:
     return moved
 
 
-def host_maps(sdfg: dace.SDFG) -> list[nodes.MapEntry]:
+#: threads per block where a kernel gives none: enough warps per block to hide memory latency
+THREADS_PER_BLOCK = 256
+
+
+def size_blocks(sdfg: dace.SDFG) -> None:
+    """Give each CUDA kernel without a block size one shaped to its map: DaCe's default is one
+    warp per block, with which Mish's fused forward+backward took 1.30x eager's time on an H100; 0.76x with 256."""
+    for node, state in sdfg.all_nodes_recursive():
+        if not (isinstance(node, nodes.MapEntry) and node.map.schedule == dace.ScheduleType.GPU_Device):
+            continue
+        if node.map.gpu_block_size is not None or any(
+            isinstance(n, nodes.MapEntry) and n.map.schedule != dace.ScheduleType.Sequential
+            for n in state.scope_subgraph(node, include_entry=False).nodes()
+        ):
+            continue  # sized already, or thread-block maps inside decide
+        extents = node.map.range.size()[::-1]  # x is the innermost (last) parameter, as in DaCe's launch
+        if not all(getattr(e, "is_Integer", isinstance(e, int)) for e in extents[:2]):
+            continue
+        x = min(-(-int(extents[0]) // 32) * 32, THREADS_PER_BLOCK)
+        y = min(int(extents[1]), THREADS_PER_BLOCK // x) if len(extents) > 1 else 1
+        node.map.gpu_block_size = [x, y, 1]
+
+
+def host_nodes(sdfg: dace.SDFG) -> list[nodes.MapEntry | nodes.LibraryNode]:
+    """Outermost maps and library nodes (softmax, matmul, ...) that would run on the host."""
     return [
         n
         for n, state in sdfg.all_nodes_recursive()
-        if isinstance(n, nodes.MapEntry)
+        if isinstance(n, (nodes.MapEntry, nodes.LibraryNode))
         and state.entry_node(n) is None
-        and n.map.schedule not in (dace.ScheduleType.GPU_Device, dace.ScheduleType.GPU_ThreadBlock)
+        and n.schedule not in dace.dtypes.GPU_SCHEDULES
     ]
+
+
+def on_gpu(sdfg: dace.SDFG) -> bool:
+    """Whether the SDFG's arguments live in GPU memory already (the gpu step ran)."""
+    return all(
+        desc.storage == dace.StorageType.GPU_Global
+        for desc in sdfg.arrays.values()
+        if not desc.transient and not isinstance(desc, dt.Scalar)
+    )
 
 
 def _in_scope_intermediates(sdfg: dace.SDFG) -> set[str]:
