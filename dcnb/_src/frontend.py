@@ -115,7 +115,7 @@ def _expose_running_statistics(model: onnx.ModelProto, module: nn.Module) -> dic
         for output, buffer in zip(node.output[1:3], node.input[3:5]):
             if output and buffer in buffers:
                 tensor = buffers[buffer]
-                elem = onnx.helper.np_dtype_to_tensor_dtype(tensor.numpy().dtype)
+                elem = onnx.helper.np_dtype_to_tensor_dtype(torch.empty(0, dtype=tensor.dtype).numpy().dtype)
                 model.graph.output.append(onnx.helper.make_tensor_value_info(output, elem, list(tensor.shape)))
                 updates[output] = buffer
     return updates

@@ -209,7 +209,7 @@ def _constants(imported: Imported, sdfg, device: torch.device) -> dict:
     for name, value in imported.constants.items():
         if name in sdfg.arrays and not sdfg.arrays[name].transient:
             desc = sdfg.arrays[name]
-            result[name] = value.numpy()[()] if isinstance(desc, dt.Scalar) else _ready(value.to(device))
+            result[name] = value.cpu().numpy()[()] if isinstance(desc, dt.Scalar) else _ready(value.to(device))
     return result
 
 

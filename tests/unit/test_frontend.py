@@ -1,11 +1,12 @@
 """The import of modules into DaCe (no compiles): what the exporter and importer are given and what comes back."""
 
+import onnx
 import pytest
 import torch
 from torch import nn
 
 import dcnb
-from dcnb._src.frontend import import_module
+from dcnb._src.frontend import _expose_running_statistics, import_module
 
 
 def test_keyword_defaults_of_forward_are_not_exported_as_tensors():
@@ -33,6 +34,17 @@ def test_training_batch_norm_exposes_its_running_statistics():
     assert imported.counters == ["1.num_batches_tracked"]
     assert len(imported.outputs) == 1 and not set(imported.outputs) & set(imported.buffer_updates)
     assert import_module(module.eval(), (torch.randn(4, 2, 3, 3),), training=False).buffer_updates == {}
+
+
+def test_running_statistics_of_buffers_off_the_cpu():
+    # a module on a GPU: its buffers refuse .numpy() (as tensors on PyTorch's meta device do, here without a GPU)
+    module = nn.Sequential(nn.BatchNorm2d(3)).train().to("meta")
+    names = ["x", "0.weight", "0.bias", "0.running_mean", "0.running_var"]
+    node = onnx.helper.make_node("BatchNormalization", names, ["y", "mean", "var"], training_mode=1)
+    value = lambda name: onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [2, 3, 1, 1])
+    model = onnx.helper.make_model(onnx.helper.make_graph([node], "bn", [value("x")], [value("y")]))
+    assert _expose_running_statistics(model, module) == {"mean": "0.running_mean", "var": "0.running_var"}
+    assert [o.name for o in model.graph.output] == ["y", "mean", "var"]
 
 
 def test_a_cumulative_batch_norm_in_training_names_the_module():
