@@ -1,7 +1,7 @@
 """Softmax and LayerNorm forward+backward: PyTorch eager, torch.compile, dcnb naive and dcnb's recipe, timed in
 one interleaved run (medians, ms). ``--json`` prints one JSON line per operator.
 
-    .venv/bin/python benchmarks/norms.py --json [--op softmax|layernorm|both]
+    .venv/bin/python benchmarks/norms.py --json [--op softmax|layernorm|both] [--device cuda]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import dcnb
-from dcnb._src import timing
+from dcnb._src import steps, timing
 from dcnb._src.cli import _shape
 
 from common import forward_backward, print_result
@@ -25,15 +25,15 @@ OPS = {
 RECIPE = ("fuse_rows",)
 
 
-def measure(op: str, shape: tuple[int, ...], budget: float) -> dict:
+def measure(op: str, shape: tuple[int, ...], budget: float, device: str = "cpu") -> dict:
     make, _ = OPS[op]
     torch.manual_seed(0)
-    x = torch.randn(*shape)
-    module = make(shape)
-    naive = dcnb.optimize(module, x, baselines=(), time_budget=0.0)
-    best = dcnb.optimize(module, x, baselines=(), time_budget=0.0)
-    applied = [name for name in RECIPE if best.apply(name).ok]
-    upstream = torch.randn(*shape)
+    x = torch.randn(*shape, device=device)
+    module = make(shape).to(device)
+    naive = dcnb.optimize(module, x, baselines=(), time_budget=0.0, device=device)
+    best = dcnb.optimize(module, x, baselines=(), time_budget=0.0, device=device)
+    applied = [name for name in RECIPE if device in steps.get(name).devices and best.apply(name).ok]
+    upstream = torch.randn(*shape, device=device)
     candidates = {
         "torch_eager": module,
         "torch_compile": torch.compile(module),
@@ -41,7 +41,10 @@ def measure(op: str, shape: tuple[int, ...], budget: float) -> dict:
         "dcnb": best.module,
     }
     times = timing.interleaved(
-        {name: forward_backward(fn, x, upstream) for name, fn in candidates.items()}, budget_s=budget, warmup=2
+        {name: forward_backward(fn, x, upstream) for name, fn in candidates.items()},
+        budget_s=budget,
+        warmup=2,
+        sync=torch.cuda.synchronize if device == "cuda" else None,
     )
     result = {"op": op, **{f"{name}_ms": round(t.median, 3) for name, t in times.items()}}
     result |= {
@@ -62,9 +65,10 @@ def main() -> None:
     parser.add_argument("--shape", type=_shape, default=None, help="input shape (default per operator)")
     parser.add_argument("--budget", type=float, default=15.0, help="seconds for each interleaved timing run")
     parser.add_argument("--json", action="store_true", help="print one JSON line per operator")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     for op in OPS if args.op == "both" else [args.op]:
-        result = measure(op, args.shape or OPS[op][1], args.budget)
+        result = measure(op, args.shape or OPS[op][1], args.budget, args.device)
         print_result(result, args.json)
 
 
