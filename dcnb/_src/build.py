@@ -24,7 +24,6 @@ from dace.config import Config, temporary_config
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
 from dace.transformation.auto.auto_optimize import make_transients_persistent
-from dace.transformation.onnx.optimize import expand_onnx_nodes
 
 from . import cache, events, opfixes, program, schedule, vecmath
 from .errors import CompileError
@@ -133,12 +132,6 @@ def _prepare(sdfg: dace.SDFG, device: str) -> tuple[dace.SDFG, str, str]:
     if device == "cuda":
         # arguments in host memory would be read by host code: torch passes device pointers (a segfault)
         if not program.on_gpu(sdfg):
-            # library nodes expanded first, so that their maps become kernels with the rest: expanded inside a GPU
-            # schedule, DaCe passed scalars of their nested SDFGs to kernels as values where pointers were needed
-            # (LayerNorm's backward did not compile)
-            expand_onnx_nodes(sdfg)
-            sdfg.simplify()
-            opfixes.accumulating_copies_to_maps(sdfg)
             program.to_gpu(sdfg)
         program.size_blocks(sdfg)
         # GPU transients allocated once per loaded binary, not with cudaMalloc and cudaFree on every call

@@ -221,6 +221,12 @@ def to_gpu(sdfg: dace.SDFG) -> int:
     """Place arguments in GPU memory and turn every outermost host map and library node into GPU code; returns the
     nodes moved."""
     moved = len(host_nodes(sdfg))
+    # ONNX nodes expanded first, so that their maps become kernels with the rest: expanded inside a GPU schedule,
+    # DaCe passed scalars of their nested SDFGs to kernels as values where pointers were needed (LayerNorm's
+    # backward did not compile)
+    expand_onnx_nodes(sdfg)
+    sdfg.simplify()
+    opfixes.accumulating_copies_to_maps(sdfg)
     for desc in sdfg.arrays.values():
         if not desc.transient and not isinstance(desc, dt.Scalar):
             desc.storage = dace.StorageType.GPU_Global
