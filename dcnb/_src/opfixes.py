@@ -867,30 +867,16 @@ def accumulating_copies_to_maps(sdfg: dace.SDFG) -> int:
             dst_subset, src_subset = (ours, other) if memlet.data == dst.data else (other, ours)
             dst_subset = dst_subset or dace.subsets.Range.from_array(arrays[dst.data])
             src_subset = src_subset or dace.subsets.Range.from_array(arrays[src.data])
-            src_dims = [(r, s) for r, s in zip(src_subset.ndrange(), src_subset.size()) if s != 1]
-            dst_dims = [(r, s) for r, s in zip(dst_subset.ndrange(), dst_subset.size()) if s != 1]
-            if [s for _, s in src_dims] != [s for _, s in dst_dims]:
+            sizes = [s for s in dst_subset.size() if s != 1]
+            if [s for s in src_subset.size() if s != 1] != sizes:
                 continue  # a reshaping copy: left to DaCe
-            params = [f"__c{i}" for i in range(len(dst_dims))] or ["__c0"]
-            ranges = {p: f"0:{s}" for p, (_, s) in zip(params, dst_dims)} or {"__c0": "0:1"}
-
-            def index(subset, dims):
-                moving = iter(zip(params, dims))
-                parts = []
-                for (begin, _, step), size in zip(subset.ndrange(), subset.size()):
-                    if size == 1:
-                        parts.append(str(begin))
-                    else:
-                        p, _ = next(moving)
-                        parts.append(f"{begin} + ({step}) * {p}")
-                return ", ".join(parts)
-
+            params = [f"__c{i}" for i in range(len(sizes))]
             state.add_mapped_tasklet(
                 f"accumulate_{dst.data}",
-                ranges,
-                {"__in": dace.Memlet(f"{src.data}[{index(src_subset, src_dims)}]")},
+                {p: f"0:{s}" for p, s in zip(params, sizes)} or {"__c": "0:1"},
+                {"__in": dace.Memlet(f"{src.data}[{_moved_index(src_subset, params)}]")},
                 "__out = __in",
-                {"__out": dace.Memlet(f"{dst.data}[{index(dst_subset, dst_dims)}]", wcr=memlet.wcr)},
+                {"__out": dace.Memlet(f"{dst.data}[{_moved_index(dst_subset, params)}]", wcr=memlet.wcr)},
                 external_edges=True,
                 input_nodes={src.data: src},
                 output_nodes={dst.data: dst},
@@ -898,3 +884,12 @@ def accumulating_copies_to_maps(sdfg: dace.SDFG) -> int:
             state.remove_edge(edge)
             turned += 1
     return turned
+
+
+def _moved_index(subset: dace.subsets.Range, params: list[str]) -> str:
+    """An element of ``subset`` as an index: its dimensions longer than one moved by ``params``, in order."""
+    moving = iter(params)
+    return ", ".join(
+        str(begin) if size == 1 else f"{begin} + ({step}) * {next(moving)}"
+        for (begin, _, step), size in zip(subset.ndrange(), subset.size())
+    )
