@@ -79,8 +79,7 @@ def main() -> None:
             ).module
     calls = {name: forward_backward(fn, x, upstream) for name, fn in candidates.items()}
     calls["copy"] = lambda: target.copy_(x)
-    sync = torch.cuda.synchronize if device == "cuda" else None
-    times = timing.interleaved(calls, budget_s=args.budget, warmup=2, sync=sync)
+    times = timing.interleaved(calls, budget_s=args.budget, warmup=2, sync=timing.synchronizer(device))
     copy_ms = times.pop("copy").median
     floor_ms = TENSORS_MOVED / 2 * copy_ms
     result = {f"{name}_ms": round(t.median, 3) for name, t in times.items()}

@@ -44,7 +44,7 @@ def measure(op: str, shape: tuple[int, ...], budget: float, device: str = "cpu")
         {name: forward_backward(fn, x, upstream) for name, fn in candidates.items()},
         budget_s=budget,
         warmup=2,
-        sync=torch.cuda.synchronize if device == "cuda" else None,
+        sync=timing.synchronizer(device),
     )
     result = {"op": op, **{f"{name}_ms": round(t.median, 3) for name, t in times.items()}}
     result |= {

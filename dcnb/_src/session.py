@@ -318,7 +318,7 @@ class Session:
         warmup = {name: 0 if name in self._warmed or name == "dcnb" else 1 for name in calls}
         with verify._preserved(self._module):
             timings = timing.interleaved(
-                calls, budget_s=self._time_budget, warmup=warmup, min_runs=3, sync=_synchronizer(self.device)
+                calls, budget_s=self._time_budget, warmup=warmup, min_runs=3, sync=timing.synchronizer(self.device)
             )
         self._warmed |= set(calls) - {"dcnb"}
         return timings, tuple(notes)
@@ -384,11 +384,6 @@ def _check_inputs(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[tor
         if not isinstance(t, torch.Tensor):
             raise InputError(f"example input {i} is a {type(t).__name__}, not a torch.Tensor")
     return [t.detach() for t in inputs]
-
-
-def _synchronizer(device: str) -> Callable[[], None] | None:
-    """What waits for a call's work to finish: CUDA kernels run after their launch returns."""
-    return torch.cuda.synchronize if device == "cuda" else None
 
 
 def _device(device: str) -> str:

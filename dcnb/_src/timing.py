@@ -8,6 +8,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+import torch
+
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
@@ -74,3 +76,9 @@ def interleaved(
         if enabled:
             gc.enable()
     return {name: Timing.of(s) for name, s in samples.items()}
+
+
+def synchronizer(device: str) -> Callable[[], object] | None:
+    """What ends a timed call on ``device`` (``interleaved``'s ``sync``): CUDA kernels run after their launch
+    returns."""
+    return torch.cuda.synchronize if device == "cuda" else None
