@@ -123,12 +123,22 @@ class _Call:
         if not (self.ready and self.direct):
             self.binary(**args)
             self.ready = True
+            _release_arguments(self.binary)
             return
         scalars = self.scalars
         pointers = tuple(
             scalars[n](args[n]) if n in scalars else ctypes.c_void_p(args[n].data_ptr()) for n in self.order
         )
         self.binary.fast_call(pointers, (), do_gpu_check=True)
+
+
+def _release_arguments(binary: CompiledSDFG) -> None:
+    """Drop the references DaCe keeps to a ``__call__``'s arguments (for workspace queries and return values we do
+    not use): they would hold those tensors, pooled output buffers among them, for as long as the binary lives, and
+    the pool would hand out fresh (page-faulting) memory instead."""
+    binary._lastargs = None
+    binary._return_arrays = ()
+    binary._argument_to_pyobject.clear()
 
 
 class _Apply(torch.autograd.Function):
