@@ -43,7 +43,10 @@ def interleaved(
     max_runs: int = 100,
     sync: Callable[[], object] | None = None,
 ) -> dict[str, Timing]:
-    """Time each callable in rounds, rotating the order every round so that no one always runs first.
+    """Time each callable in rounds, in the orders of a balanced Latin square (``_orders``): each runs first as
+    often as the others, and right after each other one as often as after any: one that always followed the same
+    neighbour would always find the caches as that one left them (cold after a slow candidate's traffic, warm with
+    the inputs after a fast one's).
 
     ``warmup`` calls of each (a dict gives each its own count: what an earlier run warmed needs none) are not
     timed. The first timed round also sizes the run: as many rounds as fit ``budget_s``, at least ``min_runs``,
@@ -52,6 +55,7 @@ def interleaved(
     """
     done = sync or (lambda: None)
     names = list(fns)
+    orders = _orders(len(names))
     warmups = warmup if isinstance(warmup, dict) else dict.fromkeys(names, warmup)
     for name in names:
         for _ in range(warmups.get(name, 0)):
@@ -63,7 +67,7 @@ def interleaved(
     try:
         rounds, r = 1, 0
         while r < rounds:
-            for name in names[r % len(names) :] + names[: r % len(names)]:
+            for name in (names[i] for i in orders[r % len(orders)]):
                 t0 = time.perf_counter()
                 fns[name]()
                 done()
@@ -76,6 +80,20 @@ def interleaved(
         if enabled:
             gc.enable()
     return {name: Timing.of(s) for name, s in samples.items()}
+
+
+def _orders(n: int) -> list[list[int]]:
+    """Williams' design for n candidates: n orders (2n where n is odd) in which each candidate holds each position
+    equally often and directly follows each other candidate equally often."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(k + shift) % n for k in first] for shift in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
 def synchronizer(device: str) -> Callable[[], object] | None:

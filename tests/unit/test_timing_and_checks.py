@@ -1,5 +1,7 @@
 """Pure-Python pieces: timing statistics, the allclose rule, tables, cache keys."""
 
+import collections
+import itertools
 import math
 
 import torch
@@ -7,13 +9,23 @@ import torch
 from dcnb._src import cache, record, timing, verify
 
 
-def test_interleaved_timing_rotates_and_fits_the_budget():
+def test_interleaved_timing_fits_the_budget_and_balances_who_runs_after_whom():
     order = []
     fns = {name: (lambda n=name: order.append(n)) for name in ("a", "b", "c")}
     result = timing.interleaved(fns, budget_s=0.0, warmup=1, min_runs=6)
     assert set(result) == {"a", "b", "c"} and all(t.runs == 6 for t in result.values())
     measured = order[3:]  # after one warm-up round; the first timed round sizes the run
-    assert len(measured) == 18 and measured[:3] == ["a", "b", "c"] and measured[3:6] == ["b", "c", "a"]
+    assert len(measured) == 18 and measured[:3] == ["a", "b", "c"]
+    rounds = [measured[i : i + 3] for i in range(0, 18, 3)]
+    # a plain rotation (abc, bca, cab) would always time b right after a: a slow one leaves the caches cold
+    follows = collections.Counter((r[i], r[i + 1]) for r in rounds for i in range(2))
+    assert set(follows) == set(itertools.permutations("abc", 2)) and set(follows.values()) == {2}
+    assert all(collections.Counter(r[i] for r in rounds) == dict.fromkeys("abc", 2) for i in range(3))
+    for n in range(1, 8):
+        orders = timing._orders(n)
+        pairs = collections.Counter((o[i], o[i + 1]) for o in orders for i in range(n - 1))
+        assert all(sorted(o) == list(range(n)) for o in orders)
+        assert len(pairs) == n * (n - 1) and len(set(pairs.values())) <= 1
     t = result["a"]
     assert t.min <= t.median <= t.max and t.stdev >= 0
 
