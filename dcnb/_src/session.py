@@ -254,13 +254,14 @@ class Session:
         built = builder.build([prog.forward, prog.backward], self.device)
         runner = Runner(self._imported, prog, built.binaries[0], built.binaries[1], self.device)
         self._progress("checking against PyTorch")
-        for _ in range(2):  # twice: what a call leaves behind in the binary (a sum zeroed only once) shows next time
-            got = verify.run(
-                self._dcnb_module(runner), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
-            )
-            result = verify.compare(got, self._reference)
-            if not result.ok:
-                break
+        first = self._check_run(runner)
+        result = verify.compare(first, self._reference)
+        if result.ok:
+            # twice: what a call leaves behind in the binary (a sum zeroed only once) shows on the next call; a
+            # second run identical to the first passes as the first did, without comparing it all over again
+            again = self._check_run(runner)
+            if not again.same_as(first):
+                result = verify.compare(again, self._reference)
         if not result.ok:
             raise StepError(f"{name} breaks correctness: {result.message}")
         self._progress("timing")
@@ -280,6 +281,11 @@ class Session:
             notes=notes,
         )
         return _State(pre, prog, runner, applied, step)
+
+    def _check_run(self, runner: Runner) -> verify.Run:
+        return verify.run(
+            self._dcnb_module(runner), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
+        )
 
     def _wrt(self) -> list[str]:
         imp = self._imported

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from dace import dtypes
+from dace.codegen import cppunparse
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
 
@@ -40,12 +41,36 @@ def _break_cpp(sdfg, where, options, device):
     return 1
 
 
+def _drift(sdfg, where, options, device):
+    """Outputs right on a binary's first call and doubled from its second on: state a call leaves behind."""
+    if any(name.startswith("gradient_") for name in sdfg.arrays):
+        return 0
+    state = next(s for s in sdfg.states() if any(isinstance(n, nodes.Tasklet) for n in s.nodes()))
+    tasklet = next(
+        n
+        for n in state.nodes()
+        if isinstance(n, nodes.Tasklet)
+        and not sdfg.arrays[state.memlet_path(state.out_edges(n)[0])[-1].data.data].transient
+    )
+    out = next(iter(tasklet.out_connectors))
+    elements = sdfg.arrays[state.memlet_path(state.out_edges(tasklet)[0])[-1].data.data].total_size
+    body = cppunparse.py2cpp(tasklet.code.as_string).removeprefix("auto ")  # the connector is declared already
+    tasklet.code = CodeBlock(
+        f"{body}\n"
+        "static int calls = 0;\n"
+        f"if (__atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED) >= {elements}) {out} = {out} * 2;",
+        dtypes.Language.CPP,
+    )
+    return 1
+
+
 @pytest.fixture
 def broken_actions():
     added = [
         steps.Action("always_raises", "raises", False, lambda s, w, o: 1, _raise),
         steps.Action("wrong_gradients", "scales a gradient", False, lambda s, w, o: 1, _scale_backward),
         steps.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, _break_cpp),
+        steps.Action("drifting", "leaves state behind", False, lambda s, w, o: 1, _drift),
     ]
     for action in added:
         steps.register(action)
@@ -78,6 +103,14 @@ def test_a_transformation_that_breaks_gradients_is_rolled_back(session, broken_a
     before = session.current
     step = session.apply("wrong_gradients")
     assert "breaks correctness: grad x differs from PyTorch" in step.error
+    _assert_rolled_back(session, before, step)
+
+
+def test_a_transformation_whose_results_change_from_call_to_call_is_rolled_back(session, broken_actions):
+    # the check runs each new binary twice: what one call leaves behind shows on the next
+    before = session.current
+    step = session.apply("drifting")
+    assert step.error is not None and "drifting breaks correctness" in step.error
     _assert_rolled_back(session, before, step)
 
 

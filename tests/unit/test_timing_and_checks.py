@@ -63,6 +63,16 @@ def test_compare_scales_tolerance_by_magnitude_and_names_the_worst():
     assert not missing.ok and missing.worst == "grad x"
 
 
+def test_runs_are_the_same_only_bit_for_bit():
+    run = verify.Run({"output": torch.tensor([1.0, 2.0]), "grad x": torch.tensor([3.0])})
+    assert run.same_as(verify.Run({k: t.clone() for k, t in run.tensors.items()}))
+    nudged = torch.nextafter(torch.tensor([2.0]), torch.tensor([3.0]))
+    assert not run.same_as(verify.Run({**run.tensors, "output": torch.cat([torch.tensor([1.0]), nudged])}))
+    assert not run.same_as(verify.Run({"output": run.tensors["output"]}))
+    # nan is not equal to itself: such runs get the full comparison
+    assert not verify.Run({"output": torch.tensor([float("nan")])}).same_as(verify.Run({"output": torch.tensor([float("nan")])}))
+
+
 def test_compare_accepts_nans_in_the_same_places_only():
     want = verify.Run({"output": torch.tensor([float("nan"), 1.0])})
     assert verify.compare(verify.Run({"output": torch.tensor([float("nan"), 1.0])}), want).ok
