@@ -46,14 +46,13 @@ def _drift(sdfg, where, options, device):
     if any(name.startswith("gradient_") for name in sdfg.arrays):
         return 0
     state = next(s for s in sdfg.states() if any(isinstance(n, nodes.Tasklet) for n in s.nodes()))
-    tasklet = next(
-        n
-        for n in state.nodes()
-        if isinstance(n, nodes.Tasklet)
-        and not sdfg.arrays[state.memlet_path(state.out_edges(n)[0])[-1].data.data].transient
-    )
+
+    def written(tasklet):
+        return sdfg.arrays[state.memlet_path(state.out_edges(tasklet)[0])[-1].data.data]
+
+    tasklet = next(n for n in state.nodes() if isinstance(n, nodes.Tasklet) and not written(n).transient)
     out = next(iter(tasklet.out_connectors))
-    elements = sdfg.arrays[state.memlet_path(state.out_edges(tasklet)[0])[-1].data.data].total_size
+    elements = written(tasklet).total_size
     body = cppunparse.py2cpp(tasklet.code.as_string).removeprefix("auto ")  # the connector is declared already
     tasklet.code = CodeBlock(
         f"{body}\n"
