@@ -48,7 +48,7 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
         _configure(device)
         prepared = [(None, None, "") if s is None else _prepare(s, device) for s in sdfgs]
         todo = [(s, k, args) for s, k, args in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
-        folders = {k: _generate(s, k) for s, k, _ in todo}
+        folders = {k: _generate(s, k, device) for s, k, _ in todo}
         if todo:
             events.emit("build")
             _precompile_header([(folders[k], args) for _, k, args in todo])
@@ -121,6 +121,7 @@ def _put_first_on_path(folder: str) -> None:
 
 def _flags(args: str) -> dict[str, str]:
     return {
+        "entry": ENTRY_VERSION,
         "cpu.args": Config.get("compiler", "cpu", "args") + args,
         "cpu.libs": Config.get("compiler", "cpu", "libs"),
         "cuda.args": Config.get("compiler", "cuda", "args"),
@@ -159,14 +160,44 @@ def _on_disk(sdfg: dace.SDFG, key: str) -> bool:
     return folder.is_dir() and compiler.get_binary_name(folder, sdfg.name).is_file()
 
 
-def _generate(sdfg: dace.SDFG, key: str):
+def _generate(sdfg: dace.SDFG, key: str, device: str):
     """Generate code into the build folder (on this thread: code generation is not thread-safe)."""
     sdfg.fill_scope_connectors()
     try:
         objects = codegen.generate_code(sdfg, validate=True)
     except Exception as e:
         raise CompileError(f"DaCe could not generate code for {sdfg.name}: {_first_line(e)}", log=str(e)) from e
+    if device == "cpu":
+        frame = next(o for o in objects if o.name == sdfg.name and o.title == "Frame")
+        frame.code += _entry(sdfg)
     return compiler.generate_program_folder(sdfg, objects, str(_folder(key, sdfg)))
+
+
+#: in every CPU build's key: a change to ``_entry``'s code must not reuse binaries built without it
+ENTRY_VERSION = "1"
+
+
+def entry_name(sdfg: dace.SDFG) -> str:
+    return f"__dcnb_call_{sdfg.name}"
+
+
+def _entry(sdfg: dace.SDFG) -> str:
+    """An exported ``__dcnb_call_<name>(state, args)`` taking the program's arguments as an array of pointers, a
+    scalar's to its value: one C signature for every program, which native.cpp calls without knowing its types
+    (values such as floats go in other registers than pointers do)."""
+    arglist = sdfg.arglist()
+    names = sdfg.signature_arglist(with_types=False, arglist=arglist)
+    if not all(isinstance(arglist[n], (dace.data.Array, dace.data.Scalar)) for n in names):
+        return ""  # streams, structures: called from Python
+    args = [
+        f"*({arglist[n].dtype.ctype} *)args[{i}]" if isinstance(arglist[n], dace.data.Scalar)
+        else f"({arglist[n].dtype.ctype} *)args[{i}]"
+        for i, n in enumerate(names)
+    ]
+    return (
+        f"\nDACE_EXPORTED void {entry_name(sdfg)}({sdfg.name}_state_t *state, void *const *args) {{\n"
+        f"    __program_{sdfg.name}({', '.join(['state', *args])});\n}}\n"
+    )
 
 
 def _precompile_header(builds) -> None:
