@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -12,7 +11,8 @@ from dace import data as dt
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from torch import nn
 
-from . import memory
+from . import memory, native
+from .build import entry_name
 from .errors import InputError
 from .frontend import Imported
 from .program import Program, overwritten
@@ -23,7 +23,8 @@ warnings.filterwarnings("ignore", message='Return value "__return', category=Use
 
 
 class Runner:
-    """Calls a Program's compiled forward and backward with torch tensors."""
+    """Calls a Program's compiled forward and backward with torch tensors: from C++ (native.cpp) where the binaries
+    take pointers only, else from Python (``forward``, ``backward``, ``_Apply``)."""
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class Runner:
         # constants the backward reads are passed to it as constants, not stored by the forward
         given = set(self.names) | set(imported.outputs) | set(imported.constants)
         self._stored = [_spec(name, fwd.arrays[name]) for name in program.forwarded if name not in given]
+        self._bwd_constants: dict = {}
         if backward is not None:
             bwd = program.backward
             grads = [program.input_grads.get(name) for name in self.names]
@@ -60,11 +62,27 @@ class Runner:
             # gradients the backward accumulates into must start at zero; those it overwrites need not
             self._accumulated = {g for g in grads if g is not None and not overwritten(bwd, g)}
             self._bwd_constants = _constants(imported, bwd, self.device)
+            # what the forward keeps for the backward (not the running statistics it updates, say)
+            self._saved_names = [n for n in program.forwarded if n not in self._bwd_constants]
+        self._native = native.extension() if self.device.type == "cpu" and native.calls() else None
+        self._plan = None if self._native is None else self._make_plan()
 
-    def forward(
-        self, tensors: list[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """Outputs, what the backward needs, and new values of buffers by path (BatchNorm statistics)."""
+    def call(self, tensors: list[torch.Tensor], differentiable: bool) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        """Outputs, and new values of buffers by path (BatchNorm statistics); through autograd if
+        ``differentiable``."""
+        differentiable = differentiable and self.backward_binary is not None
+        if self._plan is not None:
+            results = (self._native.apply if differentiable else self._native.forward)(self._plan, tensors)
+        elif differentiable:
+            results = _Apply.apply(self, *tensors)
+        else:
+            outputs, _, updates = self.forward(tensors)
+            results = outputs + updates
+        n = len(self._outputs)
+        return list(results[:n]), dict(zip(self.imported.buffer_updates.values(), results[n:]))
+
+    def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[torch.Tensor]]:
+        """Outputs, what the backward needs, and new values of buffers (in ``imported.buffer_updates``' order)."""
         args = {name: _ready(t) for name, t in zip(self.names, tensors)}
         outputs = [self._empty(shape, dtype) for _, shape, dtype in self._outputs]
         saved = {**args, **{name: t for (name, _, _), t in zip(self._outputs, outputs)}}
@@ -72,12 +90,13 @@ class Runner:
             saved[name] = self._empty(shape, dtype)
         updates = {name: self._empty(shape, dtype) for name, shape, dtype in self._updates}
         self._forward_call({**saved, **updates, **self._constants})
-        buffers = {self.imported.buffer_updates[name]: t for name, t in updates.items()}
-        return outputs, saved, buffers
+        return outputs, saved, list(updates.values())
 
     def backward(self, saved: dict[str, torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
+        """Gradients of the call's tensors (None where there is none), from what ``forward`` saved (by name, those in
+        ``_saved_names``) and the outputs' gradients."""
         assert self._backward_call is not None
-        args = {name: saved[name] for name in self.program.forwarded if name not in self._bwd_constants}
+        args = dict(saved)
         for (grad_name, shape, dtype), grad in zip(self._output_grads, grad_outputs):
             if grad_name is not None:
                 args[grad_name] = self._zeros(shape, dtype) if grad is None else _ready(grad, shape)
@@ -92,6 +111,65 @@ class Runner:
             results.append(args[name])
         self._backward_call({**args, **self._bwd_constants})
         return results
+
+    def _make_plan(self):
+        """Where each argument of each binary comes from, for native.cpp; None where a binary has no entry for it
+        or takes what it cannot give (symbolic sizes, scalars that are not constants)."""
+        binaries = [b for b in (self.forward_binary, self.backward_binary) if b is not None]
+        entries = [_entry(b) for b in binaries]
+        if None in entries or not all(c.direct for c in (self._forward_call, self._backward_call) if c is not None):
+            return None
+        n, n_out = len(self.names), len(self._outputs)
+        # later sources win, as in ``forward``'s and ``backward``'s argument dicts
+        sources: dict[str, tuple[int, int]] = {}
+        saved_index: dict[str, int] = {}
+        for kind, names, offset in (
+            (_INPUT, self.names, 0),
+            (_OUTPUT, [o[0] for o in self._outputs], n),
+            (_STORED, [s[0] for s in self._stored], n + n_out),
+        ):
+            for i, name in enumerate(names):
+                sources[name] = (kind, i)
+                saved_index[name] = offset + i
+        sources |= {name: (_UPDATE, i) for i, (name, _, _) in enumerate(self._updates)}
+        sources |= {name: (_CONSTANT, i) for i, name in enumerate(self._constants)}
+        backward_slots, save = [], []
+        if self._backward_call is not None:
+            bwd_sources: dict[str, tuple[int, int]] = {}
+            for name in self._saved_names:
+                if name in saved_index:
+                    save.append(saved_index[name])
+                    bwd_sources[name] = (_SAVED, len(save) - 1)
+            for i, (grad_name, _, _) in enumerate(self._output_grads):
+                if grad_name is not None:
+                    bwd_sources[grad_name] = (_OUTPUT_GRAD, i)
+            for i, spec in enumerate(self._grads):
+                if spec is not None:
+                    bwd_sources[spec[0]] = (_GRAD, i)
+            bwd_sources |= {name: (_CONSTANT, i) for i, name in enumerate(self._bwd_constants)}
+            if any(name not in bwd_sources for name in self._backward_call.order):
+                return None
+            backward_slots = [bwd_sources[name] for name in self._backward_call.order]
+        if any(name not in sources for name in self._forward_call.order):
+            return None
+        forward_slots = [sources[name] for name in self._forward_call.order]
+        fwd, bwd = self.forward_binary, self.backward_binary
+        grads = self._grads if bwd is not None else []
+        return self._native.plan(
+            *entries[0],
+            *(entries[1] if bwd is not None else (0, 0)),
+            forward_slots,
+            backward_slots,
+            [(list(shape), dtype) for _, shape, dtype in self._outputs],
+            [(list(shape), dtype) for _, shape, dtype in self._stored],
+            [(list(shape), dtype) for _, shape, dtype in self._updates],
+            [None if g is None else (list(g[1]), g[2]) for g in grads],
+            [g is not None and g[0] in self._accumulated for g in grads],
+            save,
+            [_one_element(v) for v in self._constants.values()],
+            [_one_element(v) for v in self._bwd_constants.values()],
+            (fwd, bwd),
+        )
 
     def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -132,6 +210,27 @@ class _Call:
         self.binary.fast_call(pointers, (), do_gpu_check=True)
 
 
+# where native.cpp finds an argument (its enum Kind)
+_INPUT, _OUTPUT, _STORED, _UPDATE, _CONSTANT, _SAVED, _OUTPUT_GRAD, _GRAD = range(8)
+
+
+def _entry(binary: CompiledSDFG) -> tuple[int, int] | None:
+    """The address of a binary's entry for native.cpp (build.py's ``_entry``) and its state, initialized as
+    ``fast_call`` would on a first call (a program without symbols takes no initialization arguments)."""
+    entry = binary.get_exported_function(entry_name(binary.sdfg))
+    if entry is None:
+        return None
+    if not binary._initialized:
+        binary._lib.load()
+        binary._initialize(())
+    return ctypes.cast(entry, ctypes.c_void_p).value, binary._libhandle.value
+
+
+def _one_element(value) -> torch.Tensor:
+    """A constant as native.cpp passes it: a tensor, a scalar's as one element (its entry reads it by pointer)."""
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value).reshape(1))
+
+
 def _release_arguments(binary: CompiledSDFG) -> None:
     """Drop the references DaCe keeps to a ``__call__``'s arguments (for workspace queries and return values we do
     not use): they would hold those tensors, pooled output buffers among them, for as long as the binary lives, and
@@ -142,22 +241,25 @@ def _release_arguments(binary: CompiledSDFG) -> None:
 
 
 class _Apply(torch.autograd.Function):
+    """The Python path's autograd function: outputs, then new buffer values (not differentiable)."""
+
     @staticmethod
-    def forward(ctx, runner: Runner, write_back: Callable[[dict[str, torch.Tensor]], None], *tensors: torch.Tensor):
-        outputs, saved, buffers = runner.forward(list(tensors))
-        write_back(buffers)
+    def forward(ctx, runner: Runner, *tensors: torch.Tensor):
+        outputs, saved, updates = runner.forward(list(tensors))
         ctx.runner = runner
         # saved through autograd: a second backward needs retain_graph, and an output changed in place since the
         # forward is caught, as for PyTorch's own functions
-        ctx.names = list(saved)
-        ctx.save_for_backward(*saved.values())
+        ctx.names = runner._saved_names
+        ctx.save_for_backward(*(saved[name] for name in ctx.names))
         ctx.shapes = [t.shape for t in tensors]
-        return tuple(outputs)
+        ctx.mark_non_differentiable(*updates)
+        return (*outputs, *updates)
 
     @staticmethod
     def backward(ctx, *grad_outputs: torch.Tensor):
-        grads = ctx.runner.backward(dict(zip(ctx.names, ctx.saved_tensors)), list(grad_outputs))
-        return (None, None, *(g if g is None or g.shape == s else g.reshape(s) for g, s in zip(grads, ctx.shapes)))
+        runner = ctx.runner
+        grads = runner.backward(dict(zip(ctx.names, ctx.saved_tensors)), list(grad_outputs[: len(runner._outputs)]))
+        return (None, *(g if g is None or g.shape == s else g.reshape(s) for g, s in zip(grads, ctx.shapes)))
 
 
 class DcnbModule(nn.Module):
@@ -187,11 +289,9 @@ class DcnbModule(nn.Module):
                     f"got {_fmt(tuple(t.shape), t.dtype)} (dcnb builds for fixed shapes: optimize again for these)"
                 )
         tensors = [inputs[i] for i in self._used] + [p() for p in self._params]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            outputs = _Apply.apply(self._runner, self._write_back, *tensors)
-        else:  # nothing to differentiate: skip autograd's bookkeeping (a good part of a small call's cost)
-            outputs, _, buffers = self._runner.forward(tensors)
-            self._write_back(buffers)
+        # nothing to differentiate: no autograd bookkeeping (a good part of a small call's cost)
+        outputs, buffers = self._runner.call(tensors, torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        self._write_back(buffers)
         outputs = [o if o.shape == shape else o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from . import build as builder
 from . import opfixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import events, program, steps, timing, verify
+from . import events, native, program, steps, timing, verify
 from .errors import DcnbError, InputError, StepError, check
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
@@ -66,6 +66,8 @@ class Session:
     ):
         inputs = _check_inputs(module, inputs)
         self.device = _device(device)
+        if self.device == "cpu":
+            native.start()  # built (once per machine) while this session exports and compiles
         # the user's module runs where the compiled code runs, so that they share parameters
         self._module = module.to(self.device)
         self._inputs = [t.to(self.device) for t in inputs]

@@ -40,7 +40,7 @@ def test_a_released_buffer_is_reused_and_one_in_use_is_not():
 
 
 def test_beyond_the_pool_tensors_are_fresh_and_small_ones_plain():
-    held = [memory.empty(BIG, torch.float32) for _ in range(memory.PER_SHAPE + 2)]
+    held = [memory.empty(BIG, torch.float32) for _ in range(memory.limits()[1] + 2)]
     assert len({t.data_ptr() for t in held}) == len(held)
     assert memory.empty((3, 4), torch.float64).shape == (3, 4)
     assert torch.count_nonzero(memory.zeros(BIG, torch.float32)) == 0
@@ -48,7 +48,16 @@ def test_beyond_the_pool_tensors_are_fresh_and_small_ones_plain():
 
 @pytest.mark.skipif(not THP.is_file() or "[never]" in THP.read_text(), reason="the kernel offers no huge pages here")
 def test_fresh_large_buffers_get_huge_pages():
-    tensors = [memory.empty((16, 1 << 20), torch.float32) for _ in range(memory.PER_SHAPE + 1)]  # pooled and not
+    tensors = [memory.empty((16, 1 << 20), torch.float32) for _ in range(memory.limits()[1] + 1)]  # pooled and not
     for tensor in tensors:
         tensor.fill_(1.0)
         assert _huge_kib(tensor.data_ptr() + tensor.numel() * 2) >= 2048
+
+
+def test_a_reused_buffer_comes_as_a_new_tensor():
+    # handing out the same tensor again would carry its autograd history (and the graph it holds) to the next user
+    first = memory.empty(BIG, torch.float32).requires_grad_()
+    address = first.data_ptr()
+    del first
+    again = memory.empty(BIG, torch.float32)
+    assert again.data_ptr() == address and not again.requires_grad

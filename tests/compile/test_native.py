@@ -1,0 +1,81 @@
+"""The C++ call path (native.cpp) against the Python one, on real builds: the same outputs, gradients and buffer
+updates, and the cases the Python path handled by construction (a graph outliving its module, odd inputs)."""
+
+import copy
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+import dcnb
+from models import Mish
+
+pytestmark = pytest.mark.compile
+
+
+class TwoHeads(nn.Module):
+    """Parameters, running statistics a training-mode call updates, and two outputs (one left out of a loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        h = self.bn(self.fc(x))
+        return torch.tanh(h), h * 2
+
+
+def _session(module, x, monkeypatch, native: str):
+    monkeypatch.setenv("DCNB_NATIVE", native)
+    session = dcnb.optimize(module, x, baselines=(), time_budget=0.0, training=True)
+    assert (session._states[-1].runner._plan is not None) is (native == "1")
+    return session
+
+
+def test_the_cpp_and_python_calls_agree_on_outputs_gradients_and_buffers(monkeypatch):
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 5, 6)
+    modules = {path: TwoHeads() for path in ("1", "0")}
+    modules["0"].load_state_dict(modules["1"].state_dict())
+    sessions = {path: _session(m, x, monkeypatch, path) for path, m in modules.items()}
+    upstream = torch.randn(4, 8, 5, 6)
+    results = {}
+    for path, session in sessions.items():
+        xr = x.clone().requires_grad_()
+        first, _ = session.module(xr)  # the second output gets no gradient: zeros go in its place
+        first.backward(upstream)
+        module = modules[path]
+        results[path] = [first, xr.grad, *(p.grad for p in module.parameters()), *module.buffers()]
+    assert modules["1"].bn.num_batches_tracked.item() == modules["0"].bn.num_batches_tracked.item() > 0
+    for native, python in zip(results["1"], results["0"]):
+        torch.testing.assert_close(native, python, rtol=1e-5, atol=1e-6)
+
+
+def test_a_graph_outlives_its_module_and_session():
+    torch.manual_seed(0)
+    x = torch.rand(2, 4, 16, 16, requires_grad=True)
+    y = dcnb.optimize(Mish(), x.detach(), baselines=(), time_budget=0.0).module(x)
+    gc.collect()  # the session and its module are gone: the graph holds the binaries
+    upstream = torch.rand_like(y)
+    y.backward(upstream)
+    expected = torch.autograd.grad(Mish()(x), x, upstream)[0]
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_unaligned_and_strided_inputs_are_copied_for_the_binaries():
+    torch.manual_seed(0)
+    shape = (2, 4, 16, 16)
+    session = dcnb.optimize(Mish(), torch.rand(*shape), baselines=(), time_budget=0.0)
+    base = torch.rand(1 + 2 * 4 * 16 * 16, requires_grad=True)
+    unaligned = base[1:].view(shape)  # starts 4 bytes past a 64-byte boundary
+    strided = copy.deepcopy(base.detach())[1:].view(2, 4, 16, 16).transpose(2, 3).requires_grad_()
+    for x in (unaligned, strided):
+        assert x.data_ptr() % 64 or not x.is_contiguous()
+        upstream = torch.rand(shape)
+        y = session.module(x)
+        got = torch.autograd.grad(y, x, upstream)[0]
+        want_y = Mish()(x)
+        torch.testing.assert_close(y, want_y)
+        torch.testing.assert_close(got, torch.autograd.grad(want_y, x, upstream)[0])
