@@ -79,6 +79,8 @@ class Runner:
             outputs, _, updates = self.forward(tensors)
             results = outputs + updates
         n = len(self._outputs)
+        if len(results) == n:  # most modules: no buffers to update
+            return list(results), {}
         return list(results[:n]), dict(zip(self.imported.buffer_updates.values(), results[n:]))
 
     def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[torch.Tensor]]:
@@ -275,6 +277,8 @@ class DcnbModule(nn.Module):
         self._runner = runner
         self._example = [(t.shape, t.dtype) for t in example]
         self._output_shapes = output_shapes
+        # the compiled code's output shapes differ where PyTorch's are 0-d (the SDFG's are (1,))
+        self._reshape = [tuple(s) for _, s, _ in runner._outputs] != [tuple(s) for s in output_shapes]
         self._params = [_resolve(module, path) for path in runner.imported.param_paths.values()]
         imported = runner.imported
         self._used = [i for i, name in enumerate(imported.all_inputs) if name in set(imported.inputs)]
@@ -292,7 +296,8 @@ class DcnbModule(nn.Module):
         # nothing to differentiate: no autograd bookkeeping (a good part of a small call's cost)
         outputs, buffers = self._runner.call(tensors, torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         self._write_back(buffers)
-        outputs = [o if o.shape == shape else o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
+        if self._reshape:
+            outputs = [o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _write_back(self, buffers: dict[str, torch.Tensor]) -> None:
