@@ -43,6 +43,11 @@ def start() -> None:
     _building()
 
 
+def ready() -> bool:
+    """Whether ``extension()`` returns at once (built or failed)."""
+    return _building().done()
+
+
 def extension() -> types.ModuleType | None:
     """The loaded extension, waiting for its build; None where it could not be built."""
     try:

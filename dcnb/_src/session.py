@@ -254,6 +254,8 @@ class Session:
                     raise StepError(f"{name} left an invalid SDFG: {_describe(e)}") from e
         self._progress("compiling")
         built = builder.build([prog.forward, prog.backward], self.device)
+        if self.device == "cpu" and not native.ready():
+            self._progress("building dcnb's C++ call path (once per machine and PyTorch version)")
         runner = Runner(self._imported, prog, built.binaries[0], built.binaries[1], self.device)
         self._progress("checking against PyTorch")
         first = self._check_run(runner)
