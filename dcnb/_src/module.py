@@ -117,9 +117,11 @@ class Runner:
     def _make_plan(self):
         """Where each argument of each binary comes from, for native.cpp; None where a binary has no entry for it
         or takes what it cannot give (symbolic sizes, scalars that are not constants)."""
-        binaries = [b for b in (self.forward_binary, self.backward_binary) if b is not None]
-        entries = [_entry(b) for b in binaries]
-        if None in entries or not all(c.direct for c in (self._forward_call, self._backward_call) if c is not None):
+        calls = [c for c in (self._forward_call, self._backward_call) if c is not None]
+        if not all(c.direct for c in calls):  # (and their initialization would take the symbols' values)
+            return None
+        entries = [_entry(c.binary) for c in calls]
+        if None in entries:
             return None
         n, n_out = len(self.names), len(self._outputs)
         # later sources win, as in ``forward``'s and ``backward``'s argument dicts

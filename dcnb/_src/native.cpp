@@ -224,8 +224,10 @@ struct Apply : torch::autograd::Function<Apply> {
     }
     plan.backward(args);
     variable_list result{at::Tensor()};  // the plan's
-    for (size_t i = 0; i < grads.size(); ++i)
-      result.push_back(grads[i].defined() ? grads[i].view(call->shapes[i]) : grads[i]);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const auto& g = grads[i];
+      result.push_back(!g.defined() || g.sizes() == at::IntArrayRef(call->shapes[i]) ? g : g.view(call->shapes[i]));
+    }
     return result;
   }
 };
