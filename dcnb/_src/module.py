@@ -67,13 +67,12 @@ class Runner:
         self._native = native.extension() if self.device.type == "cpu" and native.calls() else None
         self._plan = None if self._native is None else self._make_plan()
 
-    def call(self, tensors: list[torch.Tensor], differentiable: bool) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-        """Outputs, and new values of buffers by path (BatchNorm statistics); through autograd if
-        ``differentiable``."""
-        differentiable = differentiable and self.backward_binary is not None
+    def call(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        """Outputs, and new values of buffers by path (BatchNorm statistics); through autograd where there is
+        something to differentiate, else without its bookkeeping (a good part of a small call's cost)."""
         if self._plan is not None:
-            results = (self._native.apply if differentiable else self._native.forward)(self._plan, tensors)
-        elif differentiable:
+            results = self._native.call(self._plan, tensors)
+        elif self.backward_binary is not None and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             results = _Apply.apply(self, *tensors)
         else:
             outputs, _, updates = self.forward(tensors)
@@ -295,8 +294,7 @@ class DcnbModule(nn.Module):
                     f"got {_fmt(tuple(t.shape), t.dtype)} (dcnb builds for fixed shapes: optimize again for these)"
                 )
         tensors = [inputs[i] for i in self._used] + [p() for p in self._params]
-        # nothing to differentiate: no autograd bookkeeping (a good part of a small call's cost)
-        outputs, buffers = self._runner.call(tensors, torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        outputs, buffers = self._runner.call(tensors)
         self._write_back(buffers)
         if self._reshape:
             outputs = [o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]

@@ -11,6 +11,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
@@ -232,14 +233,13 @@ struct Apply : torch::autograd::Function<Apply> {
   }
 };
 
-std::vector<at::Tensor> apply(const c10::intrusive_ptr<Plan>& plan, const std::vector<at::Tensor>& tensors) {
+// outputs, then new buffer values; through autograd where there is something to differentiate (as PyTorch's own
+// ops decide: grad mode on and a tensor that requires grad), else without its bookkeeping
+std::vector<at::Tensor> call(const c10::intrusive_ptr<Plan>& plan, const std::vector<at::Tensor>& tensors) {
+  const bool differentiable = plan->backward.entry != nullptr && at::GradMode::is_enabled() &&
+                              std::any_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.requires_grad(); });
   py::gil_scoped_release nogil;
-  return Apply::apply(plan, at::TensorList(tensors));  // a TensorList: autograd sees its tensors as inputs
-}
-
-// the forward alone, outside autograd: outputs, then new buffer values
-std::vector<at::Tensor> forward(const c10::intrusive_ptr<Plan>& plan, const std::vector<at::Tensor>& tensors) {
-  py::gil_scoped_release nogil;
+  if (differentiable) return Apply::apply(plan, at::TensorList(tensors));  // a TensorList: autograd sees its tensors
   auto made = plan->run_forward(tensors);
   auto& outputs = made[1];
   outputs.insert(outputs.end(), made[3].begin(), made[3].end());
@@ -276,8 +276,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace d = dcnb;
   py::class_<d::Plan, c10::intrusive_ptr<d::Plan>>(m, "Plan");
   m.def("plan", &d::make_plan);
-  m.def("apply", &d::apply, "forward through autograd: outputs, then new buffer values");
-  m.def("forward", &d::forward);
+  m.def("call", &d::call);
   m.def("empty", [](std::vector<int64_t> shape, at::ScalarType dtype) { return d::pool().empty(shape, dtype); });
   m.def("zeros", [](std::vector<int64_t> shape, at::ScalarType dtype) { return d::pool().zeros(shape, dtype); });
   m.def("pooled", [] { return d::pool().buffers(); });
