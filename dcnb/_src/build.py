@@ -71,7 +71,7 @@ def _configure(device: str) -> None:
     Config.set("compiler", "allow_view_arguments", value=True)
     Config.set("debugprint", value=False)
     if device == "cuda":
-        _put_first_on_path(cmake.CMAKE_BIN_DIR)
+        put_first_on_path(cmake.CMAKE_BIN_DIR)
         # DaCe launches on streams of its own that do not wait for PyTorch's (non-blocking): a kernel could read
         # an input PyTorch is still computing. On the default stream, both run in the order they were issued.
         Config.set("compiler", "cuda", "max_concurrent_streams", value=-1)
@@ -112,8 +112,9 @@ def _wide_vectors() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
-def _put_first_on_path(folder: str) -> None:
-    """DaCe runs the ``cmake`` it finds on PATH; its CUDA build needs a newer one than Debian 12's (the wheel's)."""
+def put_first_on_path(folder: str) -> None:
+    """Builders run the tools they find on PATH: DaCe's CUDA build needs a newer ``cmake`` than Debian 12's (the
+    wheel's), PyTorch's extension builder a ``ninja`` (the wheel's, where the system has none)."""
     paths = os.environ.get("PATH", "").split(os.pathsep)
     if paths[0] != folder:
         os.environ["PATH"] = os.pathsep.join([folder, *(p for p in paths if p != folder)])

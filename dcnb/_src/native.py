@@ -15,6 +15,7 @@ import hashlib
 import os
 import pathlib
 import platform
+import shutil
 import sys
 import types
 import warnings
@@ -68,8 +69,13 @@ def _warn_once(reason: str) -> None:
 
 
 def _build() -> types.ModuleType:
+    import ninja
     from torch.utils import cpp_extension
 
+    from .build import put_first_on_path
+
+    if shutil.which("ninja") is None:
+        put_first_on_path(ninja.BIN_DIR)
     source = _SOURCE.read_bytes()
     key = hashlib.sha256(
         b"\n".join([source, torch.__version__.encode(), sys.version.encode(), platform.machine().encode()])
