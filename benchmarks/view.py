@@ -22,7 +22,7 @@ from torch import nn
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dcnb._src import graph, program  # noqa: E402
+from dcnb._src import graph, passes, program  # noqa: E402
 from dcnb._src.frontend import import_module  # noqa: E402
 
 LAYOUT = """
@@ -80,7 +80,7 @@ def pictures(d_model: int, heads: int, seq: int, batch: int) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             imported = import_module(model, (x,), training=False)
-            program.lower(imported.sdfg)
+            passes.run(passes.ON_IMPORT, imported.sdfg)
             prog = program.differentiate(imported.sdfg, imported, imported.inputs + list(imported.param_paths))
         result[f"layers{layers}_forward"] = graph.describe(prog.forward)
         result[f"layers{layers}_backward"] = graph.describe(prog.backward)

@@ -35,6 +35,8 @@ from dace import dtypes
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
 
+from . import tasklet_code
+
 #: calls that cost a libm (or libmvec) evaluation; arithmetic, abs and sqrt are cheap next to them
 TRANSCENDENTAL = frozenset(
     "exp exp2 expm1 log log2 log10 log1p tanh sinh cosh tan sin cos atan asin acos erf erfc pow".split()
@@ -135,8 +137,9 @@ def _constant(node: ast.expr) -> float | int | None:
 
 def _cast(func: ast.expr) -> str | None:
     """float32 / float64 for dace.float32, dace.float64 and float (C++ float), else None."""
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "dace":
-        return func.attr if func.attr in _FLOATS else None
+    dtype = tasklet_code.dace_type(func)
+    if dtype is not None:
+        return dtype if dtype in _FLOATS else None
     if isinstance(func, ast.Name) and func.id == "float":
         return "float32"
     return None

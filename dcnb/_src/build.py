@@ -23,10 +23,9 @@ from dace.codegen.target import TargetCodeGenerator
 from dace.config import Config, temporary_config
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
-from dace.transformation.auto.auto_optimize import make_transients_persistent
 
-from . import cache, events, opfixes, program, schedule, vecmath
-from .errors import CompileError
+from . import cache, events, passes, vecmath
+from .errors import CompileError, first_line
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
 _loaded: dict[str, CompiledSDFG] = {}
@@ -37,11 +36,13 @@ class Built:
     binaries: list[CompiledSDFG | None]
     #: seconds spent generating and compiling code (0.0 when every SDFG came from the cache)
     seconds: float
-    keys: list[str | None]
+    #: the SDFGs compiled: copies of those given, after the device's build passes (what runs, and what views draw)
+    sdfgs: list[dace.SDFG | None]
 
 
 def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
-    """Compile each SDFG (None stays None) for ``device``; a CompileError names the failing SDFG."""
+    """Run the device's build passes on a copy of each SDFG (None stays None) and compile it for ``device``; a
+    CompileError names the failing SDFG."""
     start = time.perf_counter()
     with temporary_config(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -63,7 +64,7 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
     return Built(
         binaries=[None if k is None else _loaded[k] for _, k, _ in prepared],
         seconds=seconds,
-        keys=[k for _, k, _ in prepared],
+        sdfgs=[s for s, _, _ in prepared],
     )
 
 
@@ -83,12 +84,10 @@ def _configure(device: str) -> None:
 def _own_args(sdfg: dace.SDFG, device: str) -> str:
     """Compiler flags for one SDFG's code. Where it sums along loops (reductions), GCC may reassociate the sums, as
     OpenMP's simd reductions and PyTorch's vectorized kernels do, and so vectorizes those loops (a row's sum folded
-    into the loop computing its terms ran scalar: Softmax and LayerNorm 1.6-2.5x slower); and it uses 512-bit
-    vectors where ATen picks its AVX-512 kernels (GCC prefers 256 bits: 15-20% slower there); and it unrolls
-    loops, whose bodies here are a few vector operations on a row of a few hundred elements (LayerNorm 6-9% and
-    Softmax 1-4% faster, forward+backward). Elsewhere none pays: Mish's fused and vectorized code ran 27% slower
-    with the first two. NaN and inf keep working (no finite math), and every step still checks its results
-    against PyTorch."""
+    into the loop computing its terms otherwise runs scalar); it uses 512-bit vectors where ATen picks its AVX-512
+    kernels (GCC prefers 256 bits); and it unrolls loops, whose bodies here are a few vector operations on a row of
+    a few hundred elements. Elsewhere none pays. NaN and inf keep working (no finite math), and every step still
+    checks its results against PyTorch. Measured: benchmarks/NOTES.md, levers 12, 13, 18 and 23."""
     if device != "cpu" or not _sums_in_loops(sdfg):
         return ""
     return " -fassociative-math -funroll-loops" + (" -mprefer-vector-width=512" if _wide_vectors() else "")
@@ -133,17 +132,7 @@ def _flags(args: str) -> dict[str, str]:
 
 def _prepare(sdfg: dace.SDFG, device: str) -> tuple[dace.SDFG, str, str]:
     sdfg = copy.deepcopy(sdfg)
-    if device == "cuda":
-        # arguments in host memory would be read by host code: torch passes device pointers (a segfault)
-        if not program.on_gpu(sdfg):
-            program.to_gpu(sdfg)
-        program.size_blocks(sdfg)
-        # GPU transients allocated once per loaded binary, not with cudaMalloc and cudaFree on every call
-        make_transients_persistent(sdfg, dace.DeviceType.GPU)
-        opfixes.zeroed_transients_per_call(sdfg)
-    if device == "cpu":
-        vecmath.install(sdfg)
-        schedule.apply(sdfg)
+    passes.run(passes.BUILD[device], sdfg)
     args = _own_args(sdfg, device)
     key = cache.key(sdfg, device, _flags(args))
     base = re.sub(r"_[0-9a-f]{16}$", "", sdfg.name)
@@ -162,12 +151,16 @@ def _on_disk(sdfg: dace.SDFG, key: str) -> bool:
 
 
 def _generate(sdfg: dace.SDFG, key: str, device: str):
-    """Generate code into the build folder (on this thread: code generation is not thread-safe)."""
+    """Generate code into the build folder (on this thread: code generation is not thread-safe).
+
+    DaCe's code generation expands library nodes and settles schedules in the SDFG it is given: it gets a copy, so
+    that the SDFG shown and counted is the same whether its binary was built now or came from the cache."""
+    sdfg = copy.deepcopy(sdfg)
     sdfg.fill_scope_connectors()
     try:
         objects = codegen.generate_code(sdfg, validate=True)
     except Exception as e:
-        raise CompileError(f"DaCe could not generate code for {sdfg.name}: {_first_line(e)}", log=str(e)) from e
+        raise CompileError(f"DaCe could not generate code for {sdfg.name}: {first_line(e)}", log=str(e)) from e
     if device == "cpu":
         frame = next(o for o in objects if o.name == sdfg.name and o.title == "Frame")
         frame.code += _entry(sdfg)
@@ -254,9 +247,5 @@ def _compiler_error(log: str) -> str:
         found = re.search(r"(?:error|Error):\s*(.+)$", line)
         if found and "ninja" not in line and "make" not in line.split(":")[0]:
             return found.group(1).strip()
-    return _first_line(log)
+    return first_line(log)
 
-
-def _first_line(e: object) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

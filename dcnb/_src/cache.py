@@ -10,6 +10,7 @@ import platform
 
 import dace
 
+from . import fixes
 from .version import VERSION
 
 
@@ -40,4 +41,7 @@ def key(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> str:
 def _fixes_digest() -> str:
     """The expansions dcnb registers with DaCe decide the code of library nodes at code generation, after the SDFG
     was hashed: a change to them must not reuse a binary built with the old ones."""
-    return hashlib.sha256(pathlib.Path(__file__).with_name("opfixes.py").read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    for module in fixes.FAMILIES + (fixes.cpp, fixes.registry):
+        digest.update(pathlib.Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]

@@ -36,3 +36,15 @@ def check(condition: object, message: str) -> None:
     """Raise StepError(message) unless condition holds."""
     if not condition:
         raise StepError(message)
+
+
+def first_line(e: BaseException | str) -> str:
+    """The first line of an exception's message (or of a text such as a log), else the exception's type name."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__ if isinstance(e, BaseException) else ""
+
+
+def describe(e: BaseException) -> str:
+    """An exception raised inside PyTorch or DaCe, in one line: ``TypeError: the first line of its message``."""
+    first = first_line(e)
+    return f"{type(e).__name__}: {first}" if first != type(e).__name__ else first

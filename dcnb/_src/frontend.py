@@ -26,7 +26,7 @@ from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node, has_onnx_node
 from torch import nn
 
-from .errors import DcnbError, UnsupportedOpError
+from .errors import DcnbError, UnsupportedOpError, first_line
 
 OPSET = 18
 
@@ -176,7 +176,7 @@ def _export(
             op=op.group(1) if op else None,
         ) from e
     except Exception as e:  # the exporter raises many types; all mean the same to the user
-        raise DcnbError(f"Exporting {type(module).__name__} to ONNX failed: {_first_line(e)}") from e
+        raise DcnbError(f"Exporting {type(module).__name__} to ONNX failed: {first_line(e)}") from e
     finally:
         module.load_state_dict(state)
     return onnx.load_from_string(buffer.getvalue())
@@ -298,8 +298,3 @@ def _capture_fds(fn) -> str:
             os.close(fd)
         sink.seek(0)
         return sink.read()
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

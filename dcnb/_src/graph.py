@@ -1,7 +1,7 @@
 """An SDFG -> the plain data the views draw: states, nodes with their scope and details, memlets with volumes.
 
 The views (the widget, the static rendering) read this, never the SDFG itself, so the browser gets a compact,
-JSON-serialisable picture with the same labels that ``where`` matches (``steps._label``).
+JSON-serialisable picture with the same labels that ``where`` matches (``matching.label``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dace
 from dace import data as dt
 from dace.sdfg import nodes
 
-from .steps import _label
+from .matching import label
 
 #: node kinds, in SDFV's vocabulary
 ACCESS, MAP_ENTRY, MAP_EXIT, TASKLET, LIBRARY, NESTED, OTHER = (
@@ -24,13 +24,16 @@ ACCESS, MAP_ENTRY, MAP_EXIT, TASKLET, LIBRARY, NESTED, OTHER = (
     "nested",
     "other",
 )
+#: above this many nodes a picture opens with its map scopes collapsed: the static SVG (render.py) and the
+#: widget's view (it reads the picture's ``collapse_above``) alike
+COLLAPSE_ABOVE = 250
 
 
 def describe(sdfg: dace.SDFG | None) -> dict[str, Any] | None:
     """The drawable picture of ``sdfg`` (None stays None)."""
     if sdfg is None:
         return None
-    return _sdfg(sdfg, prefix="")
+    return dict(_sdfg(sdfg, prefix=""), collapse_above=COLLAPSE_ABOVE)
 
 
 def size(graph: dict[str, Any] | None) -> int:
@@ -79,7 +82,7 @@ def _state(sdfg: dace.SDFG, state: dace.SDFGState, sid: str) -> dict[str, Any]:
         item: dict[str, Any] = {
             "id": ids[node],
             "kind": _kind(node),
-            "label": _label(node),
+            "label": label(node),
             "scope": ids[entry] if entry is not None else None,
             "info": _info(sdfg, node),
         }

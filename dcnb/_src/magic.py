@@ -21,7 +21,10 @@ from IPython.display import display
 from torch import nn
 
 from . import formatters
-from .errors import CompileError, DcnbError
+from .errors import CompileError, DcnbError, describe
+from .recipe import Entry
+from .recipe import parse as parse_recipe
+from .recipe import replay as replay_recipe
 from .record import BASELINES
 
 
@@ -95,7 +98,7 @@ def _build(
     variable: str,
     namespace: dict[str, Any],
     *,
-    recipe: list[dict[str, Any]],
+    recipe: list[Entry],
     **options: Any,
 ) -> None:
     from .session import optimize
@@ -114,18 +117,15 @@ def _build(
         raise UsageError(f"{name}: {e}") from None
     except Exception as e:  # a crash inside the exporter or DaCe: still one paragraph, naming where to look
         line.close()
-        first = (str(e).strip().splitlines() or [""])[0]
         raise UsageError(
-            f"{name}: building the session failed inside PyTorch or DaCe ({type(e).__name__}: {first}). "
+            f"{name}: building the session failed inside PyTorch or DaCe ({describe(e)}). "
             "Call dcnb.optimize(module, *inputs) in a cell to see the traceback."
         ) from None
     failed = None
-    for i, entry in enumerate(recipe):
-        line(f"replaying step {i + 1} of {len(recipe)}: {entry['name']}")
-        step = session.apply(entry["name"], where=entry.get("where"), **entry.get("options", {}))
-        if not step.ok:
-            failed = f"replaying the recipe stopped at step {i + 1} ({entry['name']}): {step.error}"
-            break
+    try:
+        replay_recipe(session, recipe, lambda i, entry: line(f"replaying step {i + 1} of {len(recipe)}: {entry.name}"))
+    except DcnbError as e:
+        failed = str(e)
     line.close()
     namespace[variable] = session
     widget = SessionWidget(session, variable=variable, progress=progress)
@@ -204,21 +204,22 @@ def _instantiate(cls: type[nn.Module], args: str, namespace: dict[str, Any]) -> 
         return cls(*positional, **keywords)
     except Exception as e:
         raise UsageError(
-            f"{cls.__name__}({args}) failed: {type(e).__name__}: {e}"
+            f"{cls.__name__}({args}) failed: {describe(e)}"
             + ("" if args else " (pass constructor arguments with --args)")
         ) from None
 
 
-def _recipe(path: str) -> list[dict[str, Any]]:
+def _recipe(path: str) -> list[Entry]:
     try:
-        recipe = json.loads(pathlib.Path(path).read_text())
+        data = json.loads(pathlib.Path(path).read_text())
     except OSError as e:
         raise UsageError(f"--recipe {path}: cannot read it ({e.strerror}).") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"--recipe {path} is not JSON: {e}.") from None
-    if not isinstance(recipe, list) or not all(isinstance(s, dict) and "name" in s for s in recipe):
-        raise UsageError(f"--recipe {path} is not a recipe: a JSON list of steps like {{\"name\": \"map_fusion\"}}.")
-    return recipe
+    try:
+        return parse_recipe(data)
+    except DcnbError as e:
+        raise UsageError(f"--recipe {path} is not a recipe: {e}.") from None
 
 
 def _split(line: str) -> list[str]:

@@ -11,11 +11,12 @@ from dace import data as dt
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from torch import nn
 
-from . import memory, native
+from . import dace_internals, memory, native
 from .build import entry_name
 from .errors import InputError
 from .frontend import Imported
-from .program import Program, overwritten
+from .passes.gradient_writes import overwritten
+from .program import Program
 
 
 # we pass output arrays ourselves, which DaCe notes on every first call of a binary
@@ -45,7 +46,7 @@ class Runner:
         self.names = imported.inputs + self.params
         fwd = program.forward
         # (name, shape, dtype) worked out once: DaCe's descriptors are slow to read on every call
-        self._outputs = [_spec(name, fwd.arrays[name]) for name in imported.outputs]
+        self.outputs = [_spec(name, fwd.arrays[name]) for name in imported.outputs]
         self._updates = [_spec(name, fwd.arrays[name]) for name in imported.buffer_updates]
         self._constants = _constants(imported, fwd, self.device)
         # constants the backward reads are passed to it as constants, not stored by the forward
@@ -57,13 +58,13 @@ class Runner:
             grads = [program.input_grads.get(name) for name in self.names]
             self._grads = [None if g is None else _spec(g, bwd.arrays[g]) for g in grads]
             self._output_grads = [
-                (program.output_grads.get(name), shape, dtype) for name, shape, dtype in self._outputs
+                (program.output_grads.get(name), shape, dtype) for name, shape, dtype in self.outputs
             ]
             # gradients the backward accumulates into must start at zero; those it overwrites need not
             self._accumulated = {g for g in grads if g is not None and not overwritten(bwd, g)}
             self._bwd_constants = _constants(imported, bwd, self.device)
             # what the forward keeps for the backward (not the running statistics it updates, say)
-            self._saved_names = [n for n in program.forwarded if n not in self._bwd_constants]
+            self.saved_names = [n for n in program.forwarded if n not in self._bwd_constants]
         self._native = native.extension() if self.device.type == "cpu" and native.calls() else None
         self._plan = None if self._native is None else self._make_plan()
 
@@ -77,7 +78,7 @@ class Runner:
         else:
             outputs, _, updates = self.forward(tensors)
             results = outputs + updates
-        n = len(self._outputs)
+        n = len(self.outputs)
         if len(results) == n:  # most modules: no buffers to update
             return list(results), {}
         return list(results[:n]), dict(zip(self.imported.buffer_updates.values(), results[n:]))
@@ -85,8 +86,8 @@ class Runner:
     def forward(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[torch.Tensor]]:
         """Outputs, what the backward needs, and new values of buffers (in ``imported.buffer_updates``' order)."""
         args = {name: _ready(t) for name, t in zip(self.names, tensors)}
-        outputs = [self._empty(shape, dtype) for _, shape, dtype in self._outputs]
-        saved = {**args, **{name: t for (name, _, _), t in zip(self._outputs, outputs)}}
+        outputs = [self._empty(shape, dtype) for _, shape, dtype in self.outputs]
+        saved = {**args, **{name: t for (name, _, _), t in zip(self.outputs, outputs)}}
         for name, shape, dtype in self._stored:
             saved[name] = self._empty(shape, dtype)
         updates = {name: self._empty(shape, dtype) for name, shape, dtype in self._updates}
@@ -95,7 +96,7 @@ class Runner:
 
     def backward(self, saved: dict[str, torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
         """Gradients of the call's tensors (None where there is none), from what ``forward`` saved (by name, those in
-        ``_saved_names``) and the outputs' gradients."""
+        ``saved_names``) and the outputs' gradients."""
         assert self._backward_call is not None
         args = dict(saved)
         for (grad_name, shape, dtype), grad in zip(self._output_grads, grad_outputs):
@@ -122,13 +123,13 @@ class Runner:
         entries = [_entry(c.binary) for c in calls]
         if None in entries:
             return None
-        n, n_out = len(self.names), len(self._outputs)
+        n, n_out = len(self.names), len(self.outputs)
         # later sources win, as in ``forward``'s and ``backward``'s argument dicts
         sources: dict[str, tuple[int, int]] = {}
         saved_index: dict[str, int] = {}
         for kind, names, offset in (
             (_INPUT, self.names, 0),
-            (_OUTPUT, [o[0] for o in self._outputs], n),
+            (_OUTPUT, [o[0] for o in self.outputs], n),
             (_STORED, [s[0] for s in self._stored], n + n_out),
         ):
             for i, name in enumerate(names):
@@ -139,7 +140,7 @@ class Runner:
         backward_slots, save = [], []
         if self._backward_call is not None:
             bwd_sources: dict[str, tuple[int, int]] = {}
-            for name in self._saved_names:
+            for name in self.saved_names:
                 if name in saved_index:
                     save.append(saved_index[name])
                     bwd_sources[name] = (_SAVED, len(save) - 1)
@@ -163,7 +164,7 @@ class Runner:
             *(entries[1] if bwd is not None else (0, 0)),
             forward_slots,
             backward_slots,
-            [(list(shape), dtype) for _, shape, dtype in self._outputs],
+            [(list(shape), dtype) for _, shape, dtype in self.outputs],
             [(list(shape), dtype) for _, shape, dtype in self._stored],
             [(list(shape), dtype) for _, shape, dtype in self._updates],
             [None if g is None else (list(g[1]), g[2]) for g in grads],
@@ -204,7 +205,7 @@ class _Call:
         if not (self.ready and self.direct):
             self.binary(**args)
             self.ready = True
-            _release_arguments(self.binary)
+            dace_internals.release_arguments(self.binary)
             return
         scalars = self.scalars
         pointers = tuple(
@@ -223,24 +224,12 @@ def _entry(binary: CompiledSDFG) -> tuple[int, int] | None:
     entry = binary.get_exported_function(entry_name(binary.sdfg))
     if entry is None:
         return None
-    if not binary._initialized:
-        binary._lib.load()
-        binary._initialize(())
-    return ctypes.cast(entry, ctypes.c_void_p).value, binary._libhandle.value
+    return ctypes.cast(entry, ctypes.c_void_p).value, dace_internals.initialized_state(binary)
 
 
 def _one_element(value) -> torch.Tensor:
     """A constant as native.cpp passes it: a tensor, a scalar's as one element (its entry reads it by pointer)."""
     return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value).reshape(1))
-
-
-def _release_arguments(binary: CompiledSDFG) -> None:
-    """Drop the references DaCe keeps to a ``__call__``'s arguments (for workspace queries and return values we do
-    not use): they would hold those tensors, pooled output buffers among them, for as long as the binary lives, and
-    the pool would hand out fresh (page-faulting) memory instead."""
-    binary._lastargs = None
-    binary._return_arrays = ()
-    binary._argument_to_pyobject.clear()
 
 
 class _Apply(torch.autograd.Function):
@@ -252,7 +241,7 @@ class _Apply(torch.autograd.Function):
         ctx.runner = runner
         # saved through autograd: a second backward needs retain_graph, and an output changed in place since the
         # forward is caught, as for PyTorch's own functions
-        ctx.names = runner._saved_names
+        ctx.names = runner.saved_names
         ctx.save_for_backward(*(saved[name] for name in ctx.names))
         ctx.shapes = [t.shape for t in tensors]
         ctx.mark_non_differentiable(*updates)
@@ -261,7 +250,7 @@ class _Apply(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs: torch.Tensor):
         runner = ctx.runner
-        grads = runner.backward(dict(zip(ctx.names, ctx.saved_tensors)), list(grad_outputs[: len(runner._outputs)]))
+        grads = runner.backward(dict(zip(ctx.names, ctx.saved_tensors)), list(grad_outputs[: len(runner.outputs)]))
         return (None, *(g if g is None or g.shape == s else g.reshape(s) for g, s in zip(grads, ctx.shapes)))
 
 
@@ -279,7 +268,7 @@ class DcnbModule(nn.Module):
         self._example = [(t.shape, t.dtype) for t in example]
         self._output_shapes = output_shapes
         # the compiled code's output shapes differ where PyTorch's are 0-d (the SDFG's are (1,))
-        self._reshape = [tuple(s) for _, s, _ in runner._outputs] != [tuple(s) for s in output_shapes]
+        self._reshape = [tuple(s) for _, s, _ in runner.outputs] != [tuple(s) for s in output_shapes]
         self._params = [_resolve(module, path) for path in runner.imported.param_paths.values()]
         imported = runner.imported
         self._used = [i for i, name in enumerate(imported.all_inputs) if name in set(imported.inputs)]

@@ -24,6 +24,8 @@ from dace.libraries.standard import Reduce
 from dace.library import register_expansion
 from dace.transformation.transformation import ExpandTransformation
 
+from . import dace_internals
+
 #: columns a thread sums at a time at most: a few cache lines per row, read in order
 COLUMN_TILE = 128
 #: the fewest columns a tile may have for the column walk to pay
@@ -102,8 +104,7 @@ def _nested(node: Reduce, state: dace.SDFGState, sdfg: dace.SDFG, name: str) -> 
     for connector, edge in (("_in", state.in_edges(node)[0]), ("_out", state.out_edges(node)[0])):
         nsdfg.add_datadesc(connector, copy.deepcopy(sdfg.arrays[edge.data.data]))
         nsdfg.arrays[connector].transient = False
-    state.in_edges(node)[0]._dst_conn = "_in"
-    state.out_edges(node)[0]._src_conn = "_out"
+    dace_internals.rename_connectors(state, node, into="_in", out_of="_out")
     node.add_in_connector("_in")
     node.add_out_connector("_out")
     return nsdfg

@@ -34,7 +34,7 @@ from dace.transformation.dataflow import MapCollapse, MapExpansion, MapFusion
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 
-from dcnb._src import partial_sums, reductions
+from . import dace_internals, matching, partial_sums, reductions
 
 #: elements up to which a constant-size transient lives on the stack (a row of 4096 floats is 16 KiB)
 STACK_ELEMENTS = 4096
@@ -76,26 +76,26 @@ def _fuse_outermost(sdfg: dace.SDFG) -> int:
 
 
 def _fuse(sdfg: dace.SDFG, which: Callable[[MapFusion], bool]) -> int:
-    fused = 0
-    while True:
-        matches = Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion])
-        match = next((m for m in matches if which(m)), None)
-        if match is None:
-            return fused
-        state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
-        fused_entry = state.entry_node(match.first_map_exit)  # MapFusion keeps the first map's entry
-        # memlets propagated for the fused map and the maps around it, not the whole SDFG after every fusion (which
-        # took most of the step's time)
-        match.apply_pattern(append=False, annotate=False)
-        propagate_memlets_scope(state.sdfg, state, state.scope_tree()[fused_entry])
-        fused += 1
+    return matching.apply_repeated(
+        lambda: next((m for m in Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion]) if which(m)), None),
+        _fuse_one,
+    )
+
+
+def _fuse_one(match: MapFusion) -> None:
+    state = dace_internals.match_state(match)
+    fused_entry = state.entry_node(match.first_map_exit)  # MapFusion keeps the first map's entry
+    # memlets propagated for the fused map and the maps around it, not the whole SDFG after every fusion (which
+    # took most of the step's time)
+    match.apply_pattern(append=False, annotate=False)
+    propagate_memlets_scope(state.sdfg, state, state.scope_tree()[fused_entry])
 
 
 def _inner(match: MapFusion) -> bool:
     """Two loops over the columns inside a row map, the first of which does not accumulate along its loop: a
     reduction's loop fuses into the loop that computes its terms (exp(x - max) into their sum), which GCC vectorizes
     as the build lets it reassociate sums (build.py)."""
-    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
+    state = dace_internals.match_state(match)
     first, second = state.entry_node(match.first_map_exit), match.second_map_entry
     if state.entry_node(second) is None or any(len(e.map.params) != 1 for e in (first, second)):
         return False
@@ -107,8 +107,8 @@ def _inner(match: MapFusion) -> bool:
 
 
 def _outermost(match: MapFusion) -> bool:
-    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
-    return state.entry_node(match.second_map_entry) is None and state.sdfg is match._sdfg
+    state = dace_internals.match_state(match)
+    return state.entry_node(match.second_map_entry) is None and state.sdfg is dace_internals.match_sdfg(match)
 
 
 def _expand(sdfg: dace.SDFG, keep=lambda node, state: False) -> None:

@@ -13,29 +13,16 @@ import torch
 from torch import nn
 
 from . import build as builder
-from . import opfixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import events, native, program, steps, timing, verify
-from .errors import DcnbError, InputError, StepError, check
+from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
+from . import events, native, passes, program, steps, timing, verify
+from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
+from .program import Program
+from .recipe import Entry
+from .recipe import parse as parse_recipe
+from .recipe import replay as replay_recipe
 from .record import BASELINES, Step, history_table
-
-
-@dataclasses.dataclass(frozen=True)
-class _Applied:
-    """A step as the recipe stores it."""
-
-    name: str
-    options: dict[str, Any]
-    where: tuple[str, ...] | None
-
-    def to_json(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"name": self.name}
-        if self.options:
-            entry["options"] = dict(self.options)
-        if self.where is not None:
-            entry["where"] = list(self.where)
-        return entry
 
 
 @dataclasses.dataclass
@@ -43,9 +30,12 @@ class _State:
     """A good state of the session: the SDFGs before and after autodiff, compiled and loaded."""
 
     pre: dace.SDFG
-    program: program.Program
+    #: the forward and backward SDFGs that actions transform
+    sdfgs: Program
+    #: the forward and backward SDFGs as compiled (after the device's build passes): what runs and what views draw
+    compiled: tuple[dace.SDFG, dace.SDFG | None]
     runner: Runner
-    applied: tuple[_Applied, ...]
+    applied: tuple[Entry, ...]
     step: Step
 
 
@@ -92,7 +82,7 @@ class Session:
             warnings.simplefilter("ignore")
             self._imported: Imported = import_module(module, tuple(self._inputs), training=training)
             pre = copy.deepcopy(self._imported.sdfg)
-            program.lower(pre)
+            passes.run(passes.ON_IMPORT, pre)
         self._reference = verify.run(
             module, module, self._inputs, self._reference_upstream, self._imported.all_inputs
         )
@@ -108,12 +98,14 @@ class Session:
 
     @property
     def forward_sdfg(self) -> dace.SDFG:
-        """The forward SDFG as it runs now (after autodiff made the stored intermediates its outputs)."""
-        return self._states[-1].program.forward
+        """The forward SDFG as compiled and run now: after autodiff (which made the stored intermediates its
+        outputs) and the device's build passes."""
+        return self._states[-1].compiled[0]
 
     @property
     def backward_sdfg(self) -> dace.SDFG | None:
-        return self._states[-1].program.backward
+        """The backward SDFG as compiled and run now (None without a backward)."""
+        return self._states[-1].compiled[1]
 
     @property
     def pre_autodiff_sdfg(self) -> dace.SDFG:
@@ -142,21 +134,18 @@ class Session:
 
     # --- actions --------------------------------------------------------------------------------------------------
 
-    def actions(self, where: Iterable[str] | None = None) -> list[steps.Offer]:
-        """The transformations on offer now and how many places each matches (0: not applicable)."""
+    def actions(self, where: Iterable[str] | None = None) -> list[steps.Action]:
+        """The transformations on offer now, each with how many places it matches (``matches``; 0: not
+        applicable)."""
         where = None if where is None else tuple(where)
         state = self._states[-1]
         offers = []
         for action in steps.REGISTRY.values():
             if self.device not in action.devices:
                 continue
-            if action.before_autodiff:
-                matches = _safe_count(action, state.pre, where, {})
-            else:
-                matches = sum(
-                    _safe_count(action, s, where, {}) for s in (state.program.forward, state.program.backward) if s
-                )
-            offers.append(steps.Offer(action.name, action.description, action.before_autodiff, matches))
+            targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
+            matches = sum(_safe_count(action, s, where, {}) for s in targets)
+            offers.append(dataclasses.replace(action, matches=matches))
         return offers
 
     def apply(self, name: str, where: Iterable[str] | None = None, **options: Any) -> Step:
@@ -164,7 +153,7 @@ class Session:
         action = steps.get(name)
         if self.device not in action.devices:
             raise DcnbError(f"{name} is offered on {', '.join(action.devices)} only; this session runs on {self.device}")
-        applied = _Applied(name, dict(options), None if where is None else tuple(where))
+        applied = Entry(name, dict(options), None if where is None else tuple(where))
         index = len(self._history)
         events.emit("apply")
         try:
@@ -172,7 +161,7 @@ class Session:
         except DcnbError as e:
             step = Step(index, name, applied.options, applied.where, ok=False, error=str(e), log=getattr(e, "log", None))
         except Exception as e:  # a transformation that crashes must not take the session down with it
-            step = Step(index, name, applied.options, applied.where, ok=False, error=f"{name} raised {_describe(e)}")
+            step = Step(index, name, applied.options, applied.where, ok=False, error=f"{name} raised {describe(e)}")
         else:
             self._states.append(state)
             step = state.step
@@ -209,49 +198,61 @@ class Session:
 
     # --- internals ------------------------------------------------------------------------------------------------
 
-    def _advance(self, state: _State, applied: _Applied, index: int) -> _State:
+    def _advance(self, state: _State, applied: Entry, index: int) -> _State:
         action = steps.get(applied.name)
         if action.before_autodiff:
             pre = copy.deepcopy(state.pre)
             count = _run(action, pre, applied, self.device)
             check(count, f"{applied.name} matches nothing in the forward SDFG")
-            post = tuple(a for a in state.applied if not steps.get(a.name).before_autodiff)
-            return self._make_state(pre, (*state.applied, applied), index, count, replay=post)
+            before = tuple(a for a in state.applied if steps.get(a.name).before_autodiff)
+            after = tuple(a for a in state.applied if not steps.get(a.name).before_autodiff)
+            return self._make_state(pre, (*before, applied), index, count, replay=after)
         prog = dataclasses.replace(
-            state.program,
-            forward=copy.deepcopy(state.program.forward),
-            backward=copy.deepcopy(state.program.backward),
+            state.sdfgs, forward=copy.deepcopy(state.sdfgs.forward), backward=copy.deepcopy(state.sdfgs.backward)
         )
-        count = sum(_run(action, s, applied, self.device) for s in (prog.forward, prog.backward) if s is not None)
+        count = sum(_run(action, s, applied, self.device) for s in _sides(prog))
         check(count, f"{applied.name} matches nothing in the forward or backward SDFG{_why_not(action, prog, applied)}")
         return self._finish(state.pre, prog, (*state.applied, applied), index, count)
 
     def _make_state(
         self,
         pre: dace.SDFG,
-        applied: tuple[_Applied, ...],
+        applied: tuple[Entry, ...],
         index: int = 0,
         count: int = 0,
-        replay: tuple[_Applied, ...] = (),
+        replay: tuple[Entry, ...] = (),
     ) -> _State:
+        """The state for a forward SDFG before autodiff: differentiated, then the after-autodiff steps of
+        ``replay`` applied again; each that no longer matches is left out of the recipe, and the step says so."""
         self._progress("generating the backward pass" if self.backward else "preparing the forward pass")
+        notes, kept = [], []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prog = program.differentiate(pre, self._imported, self._wrt() if self.backward else [])
-            for post in replay:
-                for s in (prog.forward, prog.backward):
-                    if s is not None:
-                        _run(steps.get(post.name), s, post, self.device, strict=False)
-        return self._finish(pre, prog, applied, index, count)
+            for entry in replay:
+                action = steps.get(entry.name)
+                if sum(_run(action, s, entry, self.device, strict=False) for s in _sides(prog)):
+                    kept.append(entry)
+                else:
+                    notes.append(f"{entry.name}, applied after autodiff before, matches nothing now; left out of the recipe")
+        return self._finish(pre, prog, (*applied[:-1], *kept, *applied[-1:]), index, count, tuple(notes))
 
-    def _finish(self, pre: dace.SDFG, prog: program.Program, applied: tuple[_Applied, ...], index: int, count: int) -> _State:
-        name, last = ("naive", _Applied("naive", {}, None)) if not applied else (applied[-1].name, applied[-1])
-        for s in (prog.forward, prog.backward):
-            if s is not None:
-                try:
-                    s.validate()
-                except Exception as e:
-                    raise StepError(f"{name} left an invalid SDFG: {_describe(e)}") from e
+    def _finish(
+        self,
+        pre: dace.SDFG,
+        prog: Program,
+        applied: tuple[Entry, ...],
+        index: int,
+        count: int,
+        notes: tuple[str, ...] = (),
+    ) -> _State:
+        last = applied[-1] if applied else Entry("naive")
+        name = last.name
+        for s in _sides(prog):
+            try:
+                s.validate()
+            except Exception as e:
+                raise StepError(f"{name} left an invalid SDFG: {describe(e)}") from e
         self._progress("compiling")
         built = builder.build([prog.forward, prog.backward], self.device)
         if self.device == "cpu" and not native.ready():
@@ -269,7 +270,7 @@ class Session:
         if not result.ok:
             raise StepError(f"{name} breaks correctness: {result.message}")
         self._progress("timing")
-        timings, notes = self._time(runner)
+        timings, timing_notes = self._time(runner)
         step = Step(
             index=index,
             name=name,
@@ -281,10 +282,10 @@ class Session:
             intermediate_bytes=prog.stored_bytes(self._imported) if prog.backward is not None else 0,
             compile_seconds=built.seconds,
             timings=timings,
-            counts={"forward": program.counts(prog.forward), "backward": program.counts(prog.backward)},
-            notes=notes,
+            counts={"forward": program.counts(built.sdfgs[0]), "backward": program.counts(built.sdfgs[1])},
+            notes=notes + timing_notes,
         )
-        return _State(pre, prog, runner, applied, step)
+        return _State(pre, prog, (built.sdfgs[0], built.sdfgs[1]), runner, applied, step)
 
     def _check_run(self, runner: Runner) -> verify.Run:
         return verify.run(
@@ -304,11 +305,11 @@ class Session:
 
     def _eager_outputs(self) -> list[torch.Tensor]:
         try:
-            with torch.no_grad(), verify._preserved(self._module):
-                return verify._flatten(self._module(*self._inputs))
+            with torch.no_grad(), verify.preserved(self._module):
+                return verify.flatten(self._module(*self._inputs))
         except Exception as e:
             raise InputError(
-                f"running {type(self._module).__name__} on the example inputs failed: {_describe(e)}"
+                f"running {type(self._module).__name__} on the example inputs failed: {describe(e)}"
             ) from e
 
     def _time(self, runner: Runner) -> tuple[dict[str, timing.Timing], tuple[str, ...]]:
@@ -326,7 +327,7 @@ class Session:
         # the check just ran the new binary (loaded it, touched its memory): only baselines new to this session
         # are warmed up; few rounds for slow steps (the budget decides)
         warmup = {name: 0 if name in self._warmed or name == "dcnb" else 1 for name in calls}
-        with verify._preserved(self._module):
+        with verify.preserved(self._module):
             timings = timing.interleaved(
                 calls, budget_s=self._time_budget, warmup=warmup, min_runs=3, sync=timing.synchronizer(self.device)
             )
@@ -339,7 +340,7 @@ class Session:
         upstream = self._reference_upstream
 
         def call() -> None:
-            outputs = verify._flatten(fn(*inputs))
+            outputs = verify.flatten(fn(*inputs))
             if grads:
                 pairs = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
@@ -357,11 +358,16 @@ class Session:
                 self._compiled_torch = compiled
             except Exception as e:
                 self._baselines = tuple(b for b in self._baselines if b != "torch_compile")
-                return None, f"torch.compile baseline unavailable: {_describe(e)}"
+                return None, f"torch.compile baseline unavailable: {describe(e)}"
         return self._compiled_torch, ""
 
 
-def _run(action: steps.Action, sdfg: dace.SDFG, applied: _Applied, device: str, strict: bool = True) -> int:
+def _sides(prog: Program) -> list[dace.SDFG]:
+    """The forward SDFG, and the backward where there is one."""
+    return [s for s in (prog.forward, prog.backward) if s is not None]
+
+
+def _run(action: steps.Action, sdfg: dace.SDFG, applied: Entry, device: str, strict: bool = True) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if not strict and action.count(sdfg, applied.where, applied.options) == 0:
@@ -369,10 +375,10 @@ def _run(action: steps.Action, sdfg: dace.SDFG, applied: _Applied, device: str, 
         return action.run(sdfg, applied.where, applied.options, device)
 
 
-def _why_not(action: steps.Action, prog: program.Program, applied: _Applied) -> str:
+def _why_not(action: steps.Action, prog: Program, applied: Entry) -> str:
     if action.why_not is None:
         return ""
-    reasons = [r for s in (prog.forward, prog.backward) if s is not None for r in action.why_not(s, applied.where, applied.options)]
+    reasons = [r for s in _sides(prog) for r in action.why_not(s, applied.where, applied.options)]
     return f" ({'; '.join(reasons)})" if reasons else ""
 
 
@@ -406,11 +412,6 @@ def _device(device: str) -> str:
     return device
 
 
-def _describe(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
 def optimize(
     module: nn.Module,
     *example_inputs: torch.Tensor,
@@ -437,11 +438,7 @@ def replay(
     **options: Any,
 ) -> Session:
     """Rebuild a session non-interactively from ``Session.recipe``; raises DcnbError if a step fails."""
+    entries = parse_recipe(recipe)
     session = optimize(module, *example_inputs, backward=backward, training=training, device=device, **options)
-    for i, entry in enumerate(recipe):
-        if not isinstance(entry, dict) or "name" not in entry:
-            raise DcnbError(f"recipe entry {i} is not a step (a dict with a 'name'): {entry!r}")
-        step = session.apply(entry["name"], where=entry.get("where"), **entry.get("options", {}))
-        if not step.ok:
-            raise DcnbError(f"replaying step {i + 1} ({entry['name']}) failed: {step.error}")
+    replay_recipe(session, entries)
     return session

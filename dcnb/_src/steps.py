@@ -8,11 +8,10 @@ graph views show them: map, tasklet, library-node labels, or array names for acc
 
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 import dace
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
@@ -20,25 +19,22 @@ from dace.sdfg import nodes
 from dace.sdfg.state import StateSubgraphView
 from dace.transformation import PatternTransformation
 from dace.transformation.auto.auto_optimize import auto_optimize
-from dace.transformation.dataflow import (
-    MapFusion,
-    TaskletFusion,
-    TrivialMapElimination,
-    Vectorization,
-)
+from dace.transformation.dataflow import MapFusion, TaskletFusion, TrivialMapElimination
 from dace.transformation.onnx.optimize import expand_onnx_nodes
-from dace.transformation.optimizer import Optimizer
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import algebra, opfixes, program, rows, vecmath
+from . import algebra, matching, passes, rows, vectorize
 from .errors import check
-
-Where = Collection[str] | None
+from .matching import Where
+from .passes import cuda_build
 
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-    """A named transformation: how many places it matches in an SDFG, and how to apply it there."""
+    """A named transformation: how many places it matches in an SDFG, and how to apply it there.
+
+    ``Session.actions()`` returns the registered actions with ``matches`` filled in for the session's SDFGs.
+    """
 
     name: str
     description: str
@@ -51,16 +47,8 @@ class Action:
     devices: tuple[str, ...] = ("cpu", "cuda")
     #: why_not(sdfg, where, options) -> reasons the action left candidate places alone (for "matches nothing")
     why_not: Callable[[dace.SDFG, Where, dict], list[str]] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Offer:
-    """An action as offered now: its description and how many places it matches."""
-
-    name: str
-    description: str
-    before_autodiff: bool
-    matches: int
+    #: places it matches in a session's SDFGs now (None: not counted)
+    matches: int | None = None
 
     @property
     def phase(self) -> str:
@@ -84,40 +72,13 @@ def get(name: str) -> Action:
 # --- pattern transformations, one match at a time so that `where` can filter ---------------------------------
 
 
-def _label(node: nodes.Node) -> str:
-    if isinstance(node, nodes.AccessNode):
-        return node.data
-    if isinstance(node, (nodes.MapEntry, nodes.MapExit)):
-        return node.map.label
-    return getattr(node, "label", str(node))
-
-
-def _touches(match: PatternTransformation, sdfg: dace.SDFG, where: Where) -> bool:
-    if where is None:
-        return True
-    matched = [getattr(match, name) for name in type(match)._get_pattern_nodes()]
-    return any(_label(n) in where for n in matched)
-
-
-def _matches(xform: type[PatternTransformation], sdfg: dace.SDFG, where: Where, options: dict):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for match in Optimizer(sdfg).get_pattern_matches(patterns=[xform], options=[options] if options else None):
-            if _touches(match, sdfg, where):
-                yield match
-
-
 def _count(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict], int]:
-    return lambda sdfg, where, options: sum(1 for _ in _matches(xform, sdfg, where, options))
+    return lambda sdfg, where, options: sum(1 for _ in matching.matches(xform, sdfg, where, options))
 
 
 def _repeat(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict, str], int]:
     def run(sdfg: dace.SDFG, where: Where, options: dict, device: str = "cpu") -> int:
-        applied = 0
-        while (match := next(_matches(xform, sdfg, where, options), None)) is not None:
-            match.apply_pattern(append=False)
-            applied += 1
-        return applied
+        return matching.apply_repeated(lambda: next(matching.matches(xform, sdfg, where, options), None))
 
     return run
 
@@ -169,7 +130,7 @@ def _fusable(sdfg: dace.SDFG, where: Where) -> list[StateSubgraphView]:
     for state in sdfg.states():
         top = [n for n in state.nodes() if state.entry_node(n) is None]
         if where is not None:
-            top = [n for n in top if _label(n) in where or isinstance(n, nodes.AccessNode)]
+            top = [n for n in top if matching.label(n) in where or isinstance(n, nodes.AccessNode)]
         maps = [n for n in top if isinstance(n, nodes.MapEntry)]
         if len(maps) < 2:
             continue
@@ -236,129 +197,13 @@ register(
 
 # --- vectorization ----------------------------------------------------------------------------------------------
 
-
-def _vector_widths(options: dict) -> list[int]:
-    """Widths to try, widest first: the one asked for, else the native width and its halves down to 4."""
-    if "vector_len" in options:
-        return [int(options["vector_len"])]
-    native = vecmath.native_width()
-    return [w for w in (native, native // 2, native // 4) if w >= 4]
-
-
-def _vectorizable(sdfg: dace.SDFG, where: Where, options: dict):
-    """A match for each map that can be vectorized whole, with the widest width that fits it."""
-    widths = _vector_widths(options)
-    seen = set()
-    for width in widths:
-        for match in _matches(Vectorization, sdfg, where, {"vector_len": width}):
-            if id(match.map_entry) not in seen and _fits(match, width) and _vector_safe(match, width):
-                seen.add(id(match.map_entry))
-                yield match
-
-
-def _fits(match: Vectorization, width: int) -> bool:
-    # DaCe's Vectorization moves a remainder into a scalar "postamble" map, which matches again (a map shorter
-    # than one vector would be split forever), and its code loads vectors through aligned vector pointers (a row
-    # whose length is no multiple of the width crashes). So: whole vectors only, in every row of every array.
-    first, last, step = match.map_entry.map.range[-1]
-    extent = last - first + 1
-    if not all(getattr(v, "is_Integer", isinstance(v, int)) for v in (first, extent, step)):
-        return False
-    if int(step) != 1 or int(first) % width or int(extent) % width:
-        return False
-    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
-    tasklet = state.successors(match.map_entry)[0]
-    for edge in state.all_edges(tasklet):
-        if edge.data.data is None:
-            continue
-        desc = state.sdfg.arrays[edge.data.data]
-        for stride in (*desc.strides[:-1], desc.start_offset):
-            if not getattr(stride, "is_Integer", isinstance(stride, int)) or int(stride) % width:
-                return False
-    return True
-
-
-def _vector_safe(match: PatternTransformation, width: int) -> bool:
-    """Whether DaCe's Vectorization, applied to a match that ``_fits``, gives code that compiles and computes the
-    same.
-
-    Every vector must start at a multiple of the width inside its row (an access at ``i + 1`` is not aligned).
-    GCC's vectors do not convert to or from scalars in an assignment, so every output must be a vector and some
-    input too, and no output may add a vector into one element (a reduction); and only functions with vector
-    versions that compute what the scalar ones do may be called.
-    """
-    try:
-        return _vector_code_is_right(match, width)
-    except TypeError:  # a symbolic range or stride: nothing to prove the conditions with
-        return False
-
-
-def _vector_code_is_right(match: PatternTransformation, width: int) -> bool:
-    state = match._sdfg.cfg_list[match.cfg_id].node(match.state_id)
-    entry = match.map_entry
-    param = entry.map.params[-1]
-    tasklet = state.successors(entry)[0]
-    if tasklet.code.language != dace.Language.Python or _calls(tasklet.code.code) - VECTOR_FUNCTIONS:
-        return False
-    vector_inputs, types = 0, set()
-    for edge in state.all_edges(tasklet):
-        if edge.data.data is None:
-            continue
-        subset = edge.data.subset
-        if param not in {str(symbol) for symbol in subset.free_symbols}:
-            if edge.src is tasklet:
-                return False  # a scalar output, or one element a whole vector is added into
-            continue  # an input read as a scalar, which GCC broadcasts in arithmetic
-        vector_inputs += edge.dst is tasklet
-        desc = state.sdfg.arrays[edge.data.data]
-        types.add(desc.dtype)
-        for (first, _, _), stride in zip(subset.ndrange(), desc.strides):
-            if int(stride) == 1:
-                offset = dace.symbolic.pystr_to_symbolic(str(first)) - dace.symbolic.pystr_to_symbolic(param)
-                if offset.free_symbols or int(offset) % width:
-                    return False
-            elif int(stride) % width:
-                return False
-    return vector_inputs > 0 and len(types) == 1  # GCC does not convert vectors of floats to doubles
-
-
-#: functions with vector versions that compute what the scalar ones do (DaCe's runtime and vecmath.h); DaCe's
-#: ``heaviside`` compiles for vectors but returns the comparison's bits reinterpreted as floats
-VECTOR_FUNCTIONS = {
-    "exp", "exp2", "expm1", "log", "log1p", "log2", "tanh", "sinh", "cosh", "sin", "cos", "atan", "erf", "erfc",
-    "sqrt", "abs", "fabs", "floor", "ceil", "round", "min", "max", "fmin", "fmax", "pow", "ipow",
-}
-
-
-def _calls(code: list) -> set[str]:
-    """Names of the functions a Python tasklet calls, casts to DaCe types (``dace.float32(1)``) left out."""
-    names = set()
-    for node in (n for statement in code for n in ast.walk(statement)):
-        if isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "dace":
-                continue
-            names.add(func.id if isinstance(func, ast.Name) else ast.unparse(func))
-    return names
-
-
-def _vectorize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
-    # the vector overloads of the math functions come with every CPU build (build.py installs vecmath.h); the
-    # runner passes 64-byte aligned arrays (module.py)
-    applied = 0
-    while (match := next(_vectorizable(sdfg, where, options), None)) is not None:
-        match.apply_pattern(append=False)
-        applied += 1
-    return applied
-
-
 register(
     Action(
         "vectorization",
         "Compute innermost maps on vectors of floats; transcendental functions go to glibc's vector math (libmvec).",
         before_autodiff=False,
-        count=lambda sdfg, where, options: sum(1 for _ in _vectorizable(sdfg, where, options)),
-        run=_vectorize,
+        count=vectorize.count,
+        run=lambda sdfg, where, options, device: vectorize.apply(sdfg, where, options),
         # DaCe's CUDA vector types have no math functions (abs, exp of a float4 do not compile), and CUDA kernels
         # already load whole warps' rows at once
         devices=("cpu",),
@@ -405,7 +250,7 @@ def _auto_optimize(sdfg: dace.SDFG, where: Where, options: dict, device: str) ->
     check(where is None, "auto_optimize acts on the whole SDFG and cannot be restricted to nodes")
     expand_onnx_nodes(sdfg)
     auto_optimize(sdfg, dace.DeviceType.GPU if device == "cuda" else dace.DeviceType.CPU)
-    opfixes.zeroed_transients_per_call(sdfg)
+    passes.run(passes.AFTER_AUTO_OPTIMIZE, sdfg)
     return 1
 
 
@@ -423,7 +268,7 @@ register(
 
 def _to_gpu(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
     check(where is None, "gpu moves the whole SDFG and cannot be restricted to nodes")
-    return program.to_gpu(sdfg)
+    return cuda_build.to_gpu(sdfg)
 
 
 register(
@@ -431,7 +276,7 @@ register(
         "gpu",
         "Turn every outermost map and library node into GPU code and place arrays in GPU memory.",
         before_autodiff=False,
-        count=lambda sdfg, where, options: 0 if where is not None or program.on_gpu(sdfg) else len(program.host_nodes(sdfg)),
+        count=lambda sdfg, where, options: 0 if where is not None or cuda_build.on_gpu(sdfg) else len(cuda_build.host_nodes(sdfg)),
         run=_to_gpu,
         devices=("cuda",),
     )

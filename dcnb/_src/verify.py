@@ -64,9 +64,9 @@ def run(
     input_names: list[str],
 ) -> Run:
     """Call fn(*inputs), backpropagate ``upstream``, and collect what changed, leaving the module as it was."""
-    with _preserved(module):
+    with preserved(module):
         args = [_leaf(t, upstream is not None) for t in inputs]
-        outputs = _flatten(fn(*args))
+        outputs = flatten(fn(*args))
         tensors = {_output_label(i, len(outputs)): o.detach().clone() for i, o in enumerate(outputs)}
         if upstream is not None:
             pairs = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
@@ -138,11 +138,11 @@ def _output_label(i: int, n: int) -> str:
     return "output" if n == 1 else f"output {i}"
 
 
-def _flatten(out: object) -> list[torch.Tensor]:
+def flatten(out: object) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, (tuple, list)):
-        return [t for item in out for t in _flatten(item)]
+        return [t for item in out for t in flatten(item)]
     raise TypeError(f"the module returned {type(out).__name__}; dcnb handles tensors and tuples of tensors")
 
 
@@ -152,7 +152,7 @@ def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _preserved(module: nn.Module) -> Iterator[None]:
+def preserved(module: nn.Module) -> Iterator[None]:
     """Keep the user's .grad fields and buffers (BatchNorm statistics) as they were."""
     grads = {name: p.grad for name, p in module.named_parameters()}
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}

@@ -24,9 +24,11 @@ pytestmark = pytest.mark.compile
 def _cuda_sources(session: dcnb.Session) -> list[tuple[str, str]]:
     """(host code, CUDA code) of the session's forward and backward, built for the H100 (no GPU here to ask)."""
     assert shutil.which("nvcc"), "nvcc belongs to the build environment"
+    # the SDFGs the session's actions transform, before the CPU build's passes made their maps host loops
+    sdfgs = session._states[-1].sdfgs
     with temporary_config():
         Config.set("compiler", "cuda", "cuda_arch", value="90")
-        built = build.build([session.forward_sdfg, session.backward_sdfg], "cuda")
+        built = build.build([sdfgs.forward, sdfgs.backward], "cuda")
     sources = []
     for binary in built.binaries:
         src = pathlib.Path(binary._lib._library_filename).parents[1] / "src"

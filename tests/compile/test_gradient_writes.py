@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from dace.sdfg import nodes
 
 import dcnb
-from dcnb._src import program
+from dcnb._src.passes import gradient_writes
 from models import Mish
 
 pytestmark = pytest.mark.compile
@@ -20,11 +20,11 @@ def test_a_fused_backward_overwrites_its_gradient_and_needs_no_zeros():
     x = torch.rand(*SHAPE)
     session = dcnb.optimize(Mish(), x, baselines=(), time_budget=0.05)
     # naive: two maps add into gradient_x, so it must start at zero
-    assert not program.overwritten(session.backward_sdfg, "gradient_x")
+    assert not gradient_writes.overwritten(session.backward_sdfg, "gradient_x")
     for name in ("tasklet_fusion", "vectorization"):
         assert session.apply(name).ok
         runner = session._states[-1].runner
-        assert program.overwritten(session.backward_sdfg, "gradient_x") and not runner._accumulated
+        assert gradient_writes.overwritten(session.backward_sdfg, "gradient_x") and not runner._accumulated
         # whatever the buffer held before does not leak into the gradient
         upstream = torch.randn(*SHAPE)
         garbage = torch.full(SHAPE, float("nan"))
@@ -41,7 +41,7 @@ def test_a_row_map_overwrites_its_gradient():
     x = torch.randn(8, 16, 32)
     session = dcnb.optimize(torch.nn.Softmax(dim=-1), x, baselines=(), time_budget=0.05)
     assert session.apply("fuse_rows").ok
-    assert program.overwritten(session.backward_sdfg, "gradient_input")
+    assert gradient_writes.overwritten(session.backward_sdfg, "gradient_input")
     runner = session._states[-1].runner
     upstream = torch.randn(*x.shape)
     garbage = torch.full(x.shape, float("nan"))
@@ -58,4 +58,4 @@ def test_rows_in_chunks_cover_the_array_only_without_gaps(tiles, covers):
     rows = nodes.Map("rows", ["r"], dace.subsets.Range([tuple(dace.symbolic.pystr_to_symbolic(t) for t in tiles) + (1,)]))
     columns = nodes.Map("columns", ["i"], dace.subsets.Range([(0, 7, 1)]))
     element = dace.subsets.Range.from_string("r, i")
-    assert program._rows_cover(element, [columns, rows, chunks], (16, 8)) is covers
+    assert gradient_writes.rows_cover(element, [columns, rows, chunks], (16, 8)) is covers

@@ -23,7 +23,7 @@ def _source(binary) -> str:
     [
         (nn.Softmax(dim=-1), (4, 64, 32), 1),
         # the row map in chunks, a walk by column tiles over each of the weight and bias gradients' partial sums, and
-        # the small maps adding those two into their gradients (opfixes: LayerNorm's backward rule writes through
+        # the small maps adding those two into their gradients (passes.after_autodiff: LayerNorm's backward rule writes through
         # temporaries)
         (nn.LayerNorm(32), (4, 64, 32), 5),
         # 131 columns split into no tile of 16 or more: the gradients' column sums take DaCe's loop per column

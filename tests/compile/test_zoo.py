@@ -6,7 +6,7 @@ every buffer after the call (BatchNorm's running statistics and counter) with Py
 BatchNorm makes it differ, in training mode.
 
 The default suite builds a representative set (DEFAULT, ACTION_MODELS): one entry of each kind of graph, together
-touching every op the fixes in dcnb/_src/opfixes.py cover, and every action on a dense network with a loss and on a
+touching every op the fixes in dcnb/_src/fixes/ cover, and every action on a dense network with a loss and on a
 convolutional network in training mode. ``pytest --zoo -m zoo`` (``make zoo``) adds the rest: every entry in every
 mode, and every action on more kinds of graph. ``benchmarks/zoo.py --sweep`` runs every action on every entry.
 """
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.compile
 
 #: entries the default suite builds: an activation, a norm written out, dense layers with LayerNorm, GELU and the
 #: loss, convolutions with BatchNorm (eval and training), max and average pooling (attention's masking is covered by
-#: tests/compile/test_opfixes.py, the residual around LayerNorm there too)
+#: tests/compile/test_fixes.py, the residual around LayerNorm there too)
 DEFAULT = {("gelu_tanh", False), ("rms_norm", False), ("mlp", False), ("convnet", False), ("convnet", True)}
 #: (entry, training) the actions are applied to: dense layers with a loss; convolutions with BatchNorm training
 ACTION_MODELS = [("mlp", False), ("small_net", True)]

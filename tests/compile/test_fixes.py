@@ -1,4 +1,5 @@
-"""One test per DaCe gap fixed in dcnb/_src/opfixes.py: each fails without its fix.
+"""One test per DaCe gap that dcnb fixes, in dcnb/_src/fixes/ (expansions and backward rules, by op family) or
+dcnb/_src/passes/ (passes, by phase): each fails without its fix.
 
 Where a zoo entry shows the gap, the test builds that entry, so that tests/compile/test_zoo.py reuses the build.
 """
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dcnb
-from dcnb._src import opfixes
+from dcnb._src.passes import cuda_build
 from models import TinyMLP
 from zoo import CASES
 
@@ -212,7 +213,7 @@ def test_accumulating_copies_become_maps_that_add():
     state = sdfg.add_state()
     state.add_edge(state.add_read("A"), None, state.add_write("B"), None, dace.Memlet("B[1, 0:6]", wcr="lambda a, b: a + b"))
     state.add_edge(state.add_read("S"), None, state.add_write("T"), None, dace.Memlet("T[0]", wcr="lambda a, b: a + b"))
-    assert opfixes.accumulating_copies_to_maps(sdfg) == 2
+    assert cuda_build.accumulating_copies_to_maps(sdfg) == 2
     assert not any(isinstance(e.src, nodes.AccessNode) and isinstance(e.dst, nodes.AccessNode) for e in state.edges())
     a, s = np.arange(6, dtype=np.float32), np.full(1, 2, np.float32)
     b, t = np.ones((3, 6), np.float32), np.ones(1, np.float32)

@@ -1,0 +1,63 @@
+"""Every use dcnb makes of DaCe's internals: private attributes and behaviour DaCe does not document. Each says why
+it is needed and was checked against DaCe ``CHECKED_WITH``; after an upgrade of DaCe, this is the file to read.
+
+DaCe's public API (SDFG, nodes, transformations, the ONNX and autodiff registries) is used where it is needed.
+"""
+
+from __future__ import annotations
+
+import dace
+from dace.codegen.compiled_sdfg import CompiledSDFG
+from dace.transformation import PatternTransformation
+
+CHECKED_WITH = "2.0.0b1"
+
+
+# --- pattern matches ------------------------------------------------------------------------------------------
+
+
+def match_sdfg(match: PatternTransformation) -> dace.SDFG:
+    """The SDFG a match was found in: a match keeps it only as ``_sdfg`` (its public ``cfg_id`` indexes into it)."""
+    return match._sdfg
+
+
+def match_state(match: PatternTransformation) -> dace.SDFGState:
+    """The state a match was found in, as ``PatternTransformation.apply_pattern`` looks it up."""
+    return match_sdfg(match).cfg_list[match.cfg_id].node(match.state_id)
+
+
+def pattern_nodes(match: PatternTransformation) -> list:
+    """The nodes a match binds: its pattern's node names are listed only by the private ``_get_pattern_nodes``."""
+    return [getattr(match, name) for name in type(match)._get_pattern_nodes()]
+
+
+# --- graph edits ----------------------------------------------------------------------------------------------
+
+
+def rename_connectors(state: dace.SDFGState, node: dace.nodes.Node, into: str, out_of: str) -> None:
+    """Point a node's only in-edge at connector ``into`` and its only out-edge at ``out_of``: an edge's connectors
+    are read-only properties, and removing and re-adding the edges would renumber what a caller iterates over."""
+    state.in_edges(node)[0]._dst_conn = into
+    state.out_edges(node)[0]._src_conn = out_of
+
+
+# --- compiled binaries ----------------------------------------------------------------------------------------
+
+
+def initialized_state(binary: CompiledSDFG) -> int:
+    """The address of a loaded binary's state, initialized as ``CompiledSDFG.fast_call`` does on a first call (a
+    program without symbols takes no initialization arguments): native.cpp calls the binary's entry without
+    going through ``CompiledSDFG``, which keeps its library, its initialization and the handle private."""
+    if not binary._initialized:
+        binary._lib.load()
+        binary._initialize(())
+    return binary._libhandle.value
+
+
+def release_arguments(binary: CompiledSDFG) -> None:
+    """Drop the references a ``CompiledSDFG.__call__`` keeps to its arguments (for workspace queries and return
+    values dcnb does not use): they would hold those tensors, pooled output buffers among them, for as long as the
+    binary lives, and the pool would hand out fresh (page-faulting) memory instead."""
+    binary._lastargs = None
+    binary._return_arrays = ()
+    binary._argument_to_pyobject.clear()

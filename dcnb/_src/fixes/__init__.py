@@ -1,0 +1,14 @@
+"""Fixes for gaps in DaCe 2.0.0b1 made through its extension points, one module per op family as DaCe's own
+``libraries/onnx/op_implementations`` are: pure expansions registered for ONNX ops it cannot expand (or expands
+wrong), and backward rules registered for ops whose derivative it lacks or gets wrong. Each fix names its gap in a
+one-line ``# gap:`` comment and has a test in tests/compile/test_fixes.py.
+
+Importing this package installs them. Passes over whole SDFGs are not here: they run in phases (``passes``).
+"""
+
+from __future__ import annotations
+
+from . import conv, elementwise, linalg, loss, normalization, pooling  # noqa: F401  (each registers on import)
+
+#: the modules whose code decides what a library node expands to at code generation (see cache.key)
+FAMILIES = (conv, elementwise, linalg, loss, normalization, pooling)

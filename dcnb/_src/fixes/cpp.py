@@ -1,0 +1,122 @@
+"""C++ loops over described arrays: the bodies of dcnb's expansions and backward rules that DaCe's maps cannot
+express (windows, gathers, per-sample loops)."""
+
+from __future__ import annotations
+
+import copy
+
+import dace
+import dace.autodiff.utils as autodiff_utils
+from dace import data as dt
+from dace.autodiff.base_abc import BackwardContext, BackwardResult
+from dace.libraries.onnx.nodes.onnx_op import ONNXOp
+from dace.sdfg import nodes
+
+
+def contiguous(desc: dt.Data) -> bool:
+    if isinstance(desc, dt.Scalar):
+        return True
+    expected, stride = [], 1
+    for size in reversed(desc.shape):
+        expected.insert(0, stride)
+        stride *= size
+    return all(int(a) == b for a, b in zip(desc.strides, expected))
+
+
+def offset(desc: dt.Data, index: list[str]) -> str:
+    """C++ for the element offset of ``index`` in an array with ``desc``'s strides."""
+    if isinstance(desc, dt.Scalar) or not index:
+        return "0"
+    return " + ".join(f"({i}) * {s}" for i, s in zip(index, desc.strides))
+
+
+def at(name: str, desc: dt.Data, index: list[str]) -> str:
+    """C++ for an element of an array that a tasklet reaches through the pointer ``name``."""
+    return f"{name}[{offset(desc, index)}]"
+
+
+def loops(variables: list[str], sizes: list) -> tuple[str, str]:
+    head = "".join(f"for (long long {v} = 0; {v} < {s}; ++{v}) {{\n" for v, s in zip(variables, sizes))
+    return head, "}\n" * len(variables)
+
+
+def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[str], body: str) -> None:
+    """Add a state to ``sdfg`` running ``body`` (C++) over its arrays, each reachable in ``body`` as a pointer
+    of its own name."""
+    state = sdfg.add_state()
+    # the names are declared in a block of their own: they shadow the SDFG's arguments, which DaCe assigns
+    # scalar outputs to after the tasklet
+    results, prologue, epilogue = [], ["{"], []
+    for n in inputs + outputs:
+        desc = sdfg.arrays[n]
+        ctype = desc.dtype.ctype
+        if isinstance(desc, dt.Scalar):
+            prologue.append(f"{ctype} {n}[1] = {{{'_c_' + n if n in inputs else '0'}}};")
+            if n in outputs:
+                results.append(f"{ctype} _r_{n};")
+                epilogue.append(f"_r_{n} = {n}[0];")
+        else:
+            qualifier = "const " if n in inputs else ""
+            prologue.append(f"{qualifier}{ctype}* {n} = _c_{n};")
+    epilogue.append("}")
+    epilogue.extend(f"_c_{n} = _r_{n};" for n in outputs if isinstance(sdfg.arrays[n], dt.Scalar))
+    tasklet = state.add_tasklet(
+        label,
+        {f"_c_{n}": _connector_type(sdfg.arrays[n]) for n in inputs},
+        {f"_c_{n}": _connector_type(sdfg.arrays[n]) for n in outputs},
+        "\n".join([*results, *prologue, body, *epilogue]),
+        language=dace.Language.CPP,
+    )
+    for n in inputs:
+        state.add_edge(state.add_read(n), None, tasklet, f"_c_{n}", dace.Memlet.from_array(n, sdfg.arrays[n]))
+    for n in outputs:
+        state.add_edge(tasklet, f"_c_{n}", state.add_write(n), None, dace.Memlet.from_array(n, sdfg.arrays[n]))
+
+
+def cpp_expansion(node: ONNXOp, state, sdfg, body: str) -> dace.SDFG:
+    """The expansion of ``node`` into ``body`` (C++) over its connectors' arrays, named as the connectors."""
+    nsdfg = dace.SDFG(f"{node.label}_expansion")
+    inputs, outputs = [], []
+    for edge, is_input in node.iter_edges(state):
+        name = edge.dst_conn if is_input else edge.src_conn
+        desc = copy.deepcopy(sdfg.arrays[edge.data.data])
+        desc.transient = False
+        nsdfg.add_datadesc(name, desc)
+        (inputs if is_input else outputs).append(name)
+    cpp_tasklet(nsdfg, f"{node.label}_tasklet", inputs, outputs, body)
+    return nsdfg
+
+
+def cpp_backward(
+    forward_node: ONNXOp, context: BackwardContext, names: list[str], body: str
+) -> tuple[nodes.NestedSDFG, BackwardResult]:
+    """A backward node running ``body`` (C++) over the arrays in ``names`` (forward connectors, and with a
+    ``_grad`` suffix their gradients), each reachable in ``body`` as a pointer of that name.
+
+    Every gradient it produces must be written completely (zeroed first where it is accumulated).
+    """
+    node, result = autodiff_utils.add_empty_sdfg_for_node(forward_node, names, context)
+    inputs = [n for n in names if n in node.in_connectors]
+    outputs = [n for n in names if n in node.out_connectors]
+    cpp_tasklet(node.sdfg, f"{forward_node.label}_backward", inputs, outputs, body)
+    return node, result
+
+
+def _connector_type(desc: dt.Data):
+    return desc.dtype if isinstance(desc, dt.Scalar) else dace.pointer(desc.dtype)
+
+
+def zero(name: str, desc: dt.Data) -> str:
+    if isinstance(desc, dt.Scalar):
+        return f"{name}[0] = 0;\n"
+    variables = [f"__z{i}" for i in range(len(desc.shape))]
+    head, tail = loops(variables, desc.shape)
+    return head + f"{at(name, desc, variables)} = 0;\n" + tail
+
+
+def forward_in(forward_node, context, name):
+    return autodiff_utils.forward_in_desc_with_name(forward_node, context, name)
+
+
+def forward_out(forward_node, context, name):
+    return autodiff_utils.forward_out_desc_with_name(forward_node, context, name)

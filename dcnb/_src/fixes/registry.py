@@ -1,0 +1,67 @@
+"""Registering dcnb's expansions and backward rules with DaCe's ONNX library, over every version of an op."""
+
+from __future__ import annotations
+
+import functools
+
+from dace.libraries.onnx.forward_implementation_abc import ONNXForward
+from dace.libraries.onnx.nodes.onnx_op import ONNXOp
+from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node
+from dace.transformation.transformation import ExpandTransformation
+
+from ..frontend import OPSET
+
+
+def op_versions(op: str) -> list[type[ONNXOp]]:
+    """The classes DaCe generated for an ONNX op: one per version of its schema up to our export's opset, and the
+    newest, which DaCe's own rules instantiate."""
+    versions = []
+    for version in [*range(1, OPSET + 1), -1]:
+        try:
+            cls = get_onnx_node(op, version)
+        except ValueError:
+            continue
+        if cls not in versions:
+            versions.append(cls)
+    return versions
+
+
+def pure_expansion(op: str, name: str = "pure"):
+    """Register an ONNXForward class as the expansion of ``op`` that DaCe's ONNX library expands to by default:
+    as "pure" where DaCe has none, else under ``name``, made the op's default.
+
+    DaCe's own ``@op_implementation`` only takes effect before its op registry is first built, which importing
+    the ONNX importer already does, so the expansion is attached to the generated op classes directly.
+    """
+
+    def register(impl: type[ONNXForward]) -> type[ONNXForward]:
+        for cls in op_versions(op):
+            class_name = f"{cls.__name__}_Expansion_dcnb"
+            expansion = type(
+                class_name,
+                (ExpandTransformation,),
+                {
+                    "environments": [],
+                    "forward_impl": impl,  # as DaCe's own expansions name it
+                    "expansion": staticmethod(functools.partial(_expand, op, impl)),
+                },
+            )
+            globals()[class_name] = expansion  # where DaCe looks for it when it loads an SDFG that names it
+            cls.register_implementation(name, expansion)
+            if name != "pure":
+                cls.default_implementation = name
+        return impl
+
+    return register
+
+
+def _expand(op: str, impl: type[ONNXForward], node: ONNXOp, state, sdfg, *args, **kwargs):
+    if not impl.forward_can_be_applied(node, state, sdfg):
+        raise NotImplementedError(f"the ONNX op {op} of {node.label} uses attributes dcnb's expansion does not cover")
+    return impl.forward(node, state, sdfg)
+
+
+def default_backward(op: str, name: str = "dcnb") -> None:
+    """Make the backward rule registered as ``name`` the one autodiff picks for ``op`` where it applies."""
+    for cls in op_versions(op):
+        cls.default_backward_implementation = name

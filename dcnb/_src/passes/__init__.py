@@ -1,0 +1,75 @@
+"""Every pass dcnb runs over SDFGs, in one ordered list per phase; program, steps and build all take from here.
+
+The phases, in the order a step meets them:
+
+- ``ON_IMPORT``: once, on the forward SDFG DaCe imported from ONNX;
+- ``BEFORE_AUTODIFF``: on the forward SDFG about to be differentiated;
+- ``AFTER_AUTODIFF``: on the forward and backward SDFGs autodiff returned (some passes on the backward only);
+- ``AFTER_AUTO_OPTIMIZE``: after DaCe's auto_optimize, within that step;
+- ``CPU_BUILD`` / ``CUDA_BUILD``: on the SDFGs about to be compiled. What they return is what runs, what the
+  views draw and what a step's counts are taken from.
+
+Fixes that are not passes (expansions and backward rules of ONNX ops) live with their op family in ``fixes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import dace
+
+from .. import schedule, vecmath
+from . import after_autodiff, before_autodiff, cuda_build, gradient_writes, lifetimes, on_import
+
+SIDES = ("forward", "backward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """A function that changes an SDFG in place, and the SDFGs of a program it runs on."""
+
+    run: Callable[[dace.SDFG], object]
+    sides: tuple[str, ...] = SIDES
+
+    @property
+    def name(self) -> str:
+        return self.run.__name__
+
+
+ON_IMPORT = (Pass(on_import.lower),)
+
+BEFORE_AUTODIFF = (Pass(before_autodiff.split_shared_map_inputs),)
+
+AFTER_AUTODIFF = (
+    Pass(after_autodiff.accumulate_nested_gradients, ("backward",)),
+    Pass(after_autodiff.numeric_pi, ("backward",)),
+    Pass(after_autodiff.float_min_max, ("backward",)),
+    Pass(after_autodiff.typed_float_literals),
+    Pass(gradient_writes.write_gradients_once, ("backward",)),
+)
+
+AFTER_AUTO_OPTIMIZE = (Pass(lifetimes.zeroed_transients_per_call),)
+
+CPU_BUILD = (
+    Pass(vecmath.install),
+    Pass(schedule.apply),
+)
+
+CUDA_BUILD = (
+    Pass(cuda_build.to_gpu),
+    Pass(cuda_build.size_blocks),
+    Pass(lifetimes.persistent_gpu_transients),
+    Pass(lifetimes.zeroed_transients_per_call),
+)
+
+BUILD = {"cpu": CPU_BUILD, "cuda": CUDA_BUILD}
+
+
+def run(phase: tuple[Pass, ...], sdfg: dace.SDFG | None, side: str = "forward") -> None:
+    """Run a phase's passes, in order, over ``sdfg`` (one ``side`` of a program); None stays None."""
+    if sdfg is None:
+        return
+    for p in phase:
+        if side in p.sides:
+            p.run(sdfg)

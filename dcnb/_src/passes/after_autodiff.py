@@ -1,0 +1,149 @@
+"""After autodiff, on the forward and backward SDFGs it returns: fixes for what DaCe's autodiff generates."""
+
+from __future__ import annotations
+
+import ast
+import math
+
+import dace
+from dace.sdfg import nodes
+
+from .. import tasklet_code
+
+
+def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
+    """Make gradients written by nested SDFGs and library nodes add up; returns how many writes were rerouted.
+
+    gap: autodiff sums the gradients of an array used twice with a write-conflict resolution on each edge into
+    it, but a nested SDFG (what backward rules such as LayerNormalization's return) writes through a pointer and
+    ignores it: ``x + LayerNorm(x)`` got only LayerNorm's share of x's gradient. Each such write now goes to a
+    zeroed temporary that a map adds into the gradient.
+    """
+    rerouted = 0
+    for state in sdfg.states():
+        for node in [n for n in state.nodes() if isinstance(n, (nodes.NestedSDFG, nodes.LibraryNode))]:
+            for edge in list(state.out_edges(node)):
+                if edge.data.wcr is None or not isinstance(edge.dst, nodes.AccessNode) or state.entry_node(node):
+                    continue
+                target, subset = edge.data.data, edge.data.subset
+                sizes = subset.size()
+                dtype = sdfg.arrays[target].dtype
+                tmp, _ = sdfg.add_transient(f"{target}_part", sizes, dtype, find_new_name=True)
+                tmp_node = state.add_access(tmp)
+                tmp_node.setzero = True  # a rule may write only part of it (or add into it)
+                state.add_edge(node, edge.src_conn, tmp_node, None, dace.Memlet.from_array(tmp, sdfg.arrays[tmp]))
+                params = [f"__a{i}" for i in range(len(sizes))]
+                begins = [r[0] for r in subset.ndrange()]
+                steps = [r[2] for r in subset.ndrange()]
+                state.add_mapped_tasklet(
+                    f"accumulate_{target}",
+                    {p: f"0:{s}" for p, s in zip(params, sizes)},
+                    {"__in": dace.Memlet(f"{tmp}[{', '.join(params)}]")},
+                    "__out = __in",
+                    {
+                        "__out": dace.Memlet(
+                            f"{target}[{', '.join(f'{b} + ({st}) * {p}' for b, st, p in zip(begins, steps, params))}]",
+                            wcr="lambda x, y: x + y",
+                        )
+                    },
+                    external_edges=True,
+                    input_nodes={tmp: tmp_node},
+                    output_nodes={target: edge.dst},
+                )
+                state.remove_edge(edge)
+                rerouted += 1
+    return rerouted
+
+
+def _is_pi(node: ast.AST) -> bool:
+    """``pi``, ``math.pi`` or ``dace.math.pi``, as sympy's printer and DaCe's cleaner write it."""
+    if isinstance(node, ast.Name):
+        return node.id == "pi"
+    return isinstance(node, ast.Attribute) and node.attr == "pi" and isinstance(node.ctx, ast.Load)
+
+
+class _NumericPi(ast.NodeTransformer):
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if _is_pi(node):
+            return ast.copy_location(tasklet_code.typed(math.pi, self.dtype), node)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "sqrt" and len(node.args) == 1:
+            if _is_pi(node.args[0]):  # a constant: no call left whose overload could depend on the type
+                return ast.copy_location(tasklet_code.typed(math.sqrt(math.pi), self.dtype), node)
+        return self.generic_visit(node)
+
+
+def numeric_pi(sdfg: dace.SDFG) -> int:
+    """Write the constant pi as a number in generated derivatives; returns how many tasklets changed.
+
+    gap: the derivative of erf (GELU) is ``2*exp(-x**2)/sqrt(pi)``, which becomes C++ ``sqrt(dace::math::pi)``:
+    pi is a typeless constant that converts to every float type, so the call is ambiguous and does not compile.
+    """
+    return tasklet_code.rewrite_python(sdfg, _NumericPi, _is_pi)
+
+
+def _is_int(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _is_sympy_min_max(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Min", "Max")
+
+
+class _FloatMinMax(ast.NodeTransformer):
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if not _is_sympy_min_max(node):
+            return node
+        args = [tasklet_code.typed(float(a.value), self.dtype) if _is_int(a) else a for a in node.args]
+        name = node.func.id.lower()
+        result = args[-1]
+        for arg in reversed(args[:-1]):  # binary calls, the ones every type (vectors too) has
+            result = ast.Call(ast.Name(name, ast.Load()), [arg, result], [])
+        return ast.copy_location(result, node)
+
+
+def float_min_max(sdfg: dace.SDFG) -> int:
+    """Write sympy's ``Min``/``Max`` in derivatives as binary ``min``/``max`` of the tasklet's float type;
+    returns how many tasklets changed.
+
+    gap: sympy writes ``Min(1, x)`` with the constant first, and DaCe's C++ ``Min`` returns its first argument's
+    type, so ``Min(1, 0.58)`` is 0: the derivative of hardsigmoid (and of any clamp) was 0 everywhere. (``Min``
+    also has no overload for vectors, so such a derivative could not be vectorized.)
+    """
+    return tasklet_code.rewrite_python(sdfg, _FloatMinMax, _is_sympy_min_max)
+
+
+
+def _is_float(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is float
+
+
+def _is_typed(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and tasklet_code.dace_type(node.func) is not None
+
+
+class _TypedFloats(ast.NodeTransformer):
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        return node if _is_typed(node) else self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        return ast.copy_location(tasklet_code.typed(node.value, self.dtype), node) if _is_float(node) else node
+
+
+def typed_float_literals(sdfg: dace.SDFG) -> int:
+    """Give the float literals of Python tasklets the tasklet's type; returns how many tasklets changed.
+
+    gap: DaCe writes the constants of its own expansions as bare literals (a mean's ``x * 0.0555``), which are
+    doubles in C++: once vectorization makes ``x`` a vector of floats, a double times it does not compile
+    ("conversion of scalar 'double' to vector ... involves truncation").
+    """
+    return tasklet_code.rewrite_python(sdfg, _TypedFloats, _is_float)

@@ -1,0 +1,118 @@
+"""The CUDA build: arguments in GPU memory, every map and library node in a kernel, kernels sized."""
+
+from __future__ import annotations
+
+import dace
+from dace import data as dt
+from dace.sdfg import nodes
+from dace.transformation.onnx.optimize import expand_onnx_nodes
+
+
+def to_gpu(sdfg: dace.SDFG) -> int:
+    """Place arguments in GPU memory and turn every outermost host map and library node into GPU code; returns the
+    nodes moved (none where the gpu step moved them already)."""
+    if on_gpu(sdfg):
+        return 0
+    moved = len(host_nodes(sdfg))
+    # ONNX nodes expanded first, so that their maps become kernels with the rest: expanded inside a GPU schedule,
+    # DaCe passed scalars of their nested SDFGs to kernels as values where pointers were needed (LayerNorm's
+    # backward did not compile)
+    expand_onnx_nodes(sdfg)
+    sdfg.simplify()
+    accumulating_copies_to_maps(sdfg)
+    for desc in sdfg.arrays.values():
+        if not desc.transient and not isinstance(desc, dt.Scalar):
+            desc.storage = dace.StorageType.GPU_Global
+    sdfg.apply_gpu_transformations()
+    return moved
+
+
+#: threads per block where a kernel gives none: enough warps per block to hide memory latency
+THREADS_PER_BLOCK = 256
+
+
+def size_blocks(sdfg: dace.SDFG) -> None:
+    """Give each CUDA kernel without a block size one shaped to its map: DaCe's default of one warp per block
+    leaves the GPU's memory latency exposed (benchmarks/NOTES.md, GPU)."""
+    for node, state in sdfg.all_nodes_recursive():
+        if not (isinstance(node, nodes.MapEntry) and node.map.schedule == dace.ScheduleType.GPU_Device):
+            continue
+        if node.map.gpu_block_size is not None or any(
+            isinstance(n, nodes.MapEntry) and n.map.schedule != dace.ScheduleType.Sequential
+            for n in state.scope_subgraph(node, include_entry=False).nodes()
+        ):
+            continue  # sized already, or thread-block maps inside decide
+        extents = node.map.range.size()[::-1]  # x is the innermost (last) parameter, as in DaCe's launch
+        if not all(getattr(e, "is_Integer", isinstance(e, int)) for e in extents[:2]):
+            continue
+        x = min(-(-int(extents[0]) // 32) * 32, THREADS_PER_BLOCK)
+        y = min(int(extents[1]), THREADS_PER_BLOCK // x) if len(extents) > 1 else 1
+        node.map.gpu_block_size = [x, y, 1]
+
+
+def host_nodes(sdfg: dace.SDFG) -> list[nodes.MapEntry | nodes.LibraryNode]:
+    """Outermost maps and library nodes (softmax, matmul, ...) that would run on the host."""
+    return [
+        n
+        for n, state in sdfg.all_nodes_recursive()
+        if isinstance(n, (nodes.MapEntry, nodes.LibraryNode))
+        and state.entry_node(n) is None
+        and n.schedule not in dace.dtypes.GPU_SCHEDULES
+    ]
+
+
+def on_gpu(sdfg: dace.SDFG) -> bool:
+    """Whether the SDFG's arguments live in GPU memory already (the gpu step ran)."""
+    return all(
+        desc.storage == dace.StorageType.GPU_Global
+        for desc in sdfg.arrays.values()
+        if not desc.transient and not isinstance(desc, dt.Scalar)
+    )
+
+
+def accumulating_copies_to_maps(sdfg: dace.SDFG) -> int:
+    """Turn copies that add into an array (outside maps) into maps that add element by element; returns how many.
+
+    gap: DaCe's CUDA code generator emits no copy that adds into GPU memory ("Accumulate Device to Device not
+    implemented"), and autodiff adds a gradient's contributions with such copies (MLP and attention backward).
+    """
+    turned = 0
+    for state in (s for g in sdfg.all_sdfgs_recursive() for s in g.states()):
+        for edge in list(state.edges()):
+            src, dst, memlet = edge.src, edge.dst, edge.data
+            if not (isinstance(src, nodes.AccessNode) and isinstance(dst, nodes.AccessNode)) or memlet.wcr is None:
+                continue
+            if state.entry_node(src) is not None:
+                continue
+            arrays = state.sdfg.arrays
+            # the memlet's subset is its data's side of the copy; the other side, where not given, is a whole array
+            ours, other = memlet.subset, memlet.other_subset
+            dst_subset, src_subset = (ours, other) if memlet.data == dst.data else (other, ours)
+            dst_subset = dst_subset or dace.subsets.Range.from_array(arrays[dst.data])
+            src_subset = src_subset or dace.subsets.Range.from_array(arrays[src.data])
+            sizes = [s for s in dst_subset.size() if s != 1]
+            if [s for s in src_subset.size() if s != 1] != sizes:
+                continue  # a reshaping copy: left to DaCe
+            params = [f"__c{i}" for i in range(len(sizes))]
+            state.add_mapped_tasklet(
+                f"accumulate_{dst.data}",
+                {p: f"0:{s}" for p, s in zip(params, sizes)} or {"__c": "0:1"},
+                {"__in": dace.Memlet(f"{src.data}[{_moved_index(src_subset, params)}]")},
+                "__out = __in",
+                {"__out": dace.Memlet(f"{dst.data}[{_moved_index(dst_subset, params)}]", wcr=memlet.wcr)},
+                external_edges=True,
+                input_nodes={src.data: src},
+                output_nodes={dst.data: dst},
+            )
+            state.remove_edge(edge)
+            turned += 1
+    return turned
+
+
+def _moved_index(subset: dace.subsets.Range, params: list[str]) -> str:
+    """An element of ``subset`` as an index: its dimensions longer than one moved by ``params``, in order."""
+    moving = iter(params)
+    return ", ".join(
+        str(begin) if size == 1 else f"{begin} + ({step}) * {next(moving)}"
+        for (begin, _, step), size in zip(subset.ndrange(), subset.size())
+    )
