@@ -105,52 +105,117 @@ class Step:
         p.text(self.as_text())
 
 
-def timing_table(timings: dict[str, Timing]) -> list[str]:
-    header = ["Name", "Min", "Mean", "Median", "Stdev", "Max"]
-    rows = [
-        [name, f"{t.min:.3f}", f"{t.mean:.3f}", f"{t.median:.3f}", f"{t.stdev:.3f}", f"{t.max:.3f}"]
-        for name, t in timings.items()
-    ]
-    return _table(header, rows)
+#: how the views name each measured callable
+NAMES = {"dcnb": "dcnb", "torch": "torch eager", "torch_compile": "torch.compile"}
+#: the history's columns; its medians follow NAMES' order
+HISTORY_COLUMNS = (
+    "#", "step", "ok", "max abs err", "interm. MiB", "compile s", "dcnb ms", "torch ms", "torch.compile ms", "vs torch"
+)
+TIMING_COLUMNS = ("", "Min", "Mean", "Median", "Stdev", "Max")
 
 
-def history_table(steps: list[Step]) -> list[str]:
-    header = ["#", "step", "ok", "max abs err", "interm. MiB", "compile s", "dcnb ms", "torch ms", "compile ms", "vs torch"]
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of a table: its cells as every view shows them."""
+
+    cells: tuple[str, ...]
+    #: False for a failed step, whose row ends in its reason
+    ok: bool = True
+    #: the step the session holds (the views mark it)
+    current: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A table as data, so that the text, the static HTML and the widget show the same header and cells.
+
+    A row with fewer cells than there are columns ends in a cell that spans the columns it lacks (a failed step's
+    reason, where its numbers would be).
+    """
+
+    #: what the table holds ("history", "timing"): the views name their tables by it
+    kind: str
+    columns: tuple[str, ...]
+    rows: tuple[Row, ...]
+    caption: str = ""
+    #: the columns of text, read left-aligned (numbers read right-aligned)
+    left: tuple[int, ...] = ()
+    #: whether each row's first cell names the row (a header cell)
+    row_headers: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON for the widget's traits and the saved output."""
+        return {
+            "kind": self.kind,
+            "columns": list(self.columns),
+            "rows": [{"cells": list(r.cells), "ok": r.ok, "current": r.current} for r in self.rows],
+            "caption": self.caption,
+            "left": list(self.left),
+            "row_headers": self.row_headers,
+        }
+
+    def as_text(self) -> list[str]:
+        """Lines of a fixed-width table; a spanning cell is one line, cut to the width of the columns it spans."""
+        n = len(self.columns)
+        widths = [len(c) for c in self.columns]
+        for r in self.rows:
+            for i, c in enumerate(r.cells if len(r.cells) == n else r.cells[:-1]):
+                widths[i] = max(widths[i], len(c))
+
+        def line(cells: tuple[str, ...]) -> str:
+            out = [c.ljust(w) if i in self.left else c.rjust(w) for i, (c, w) in enumerate(zip(cells[:-1], widths))]
+            last = len(cells) - 1
+            span = sum(widths[last:]) + 3 * (n - 1 - last)
+            text = " ".join(cells[-1].split())
+            if len(text) > span:
+                text = text[: span - 1] + "…"
+            out.append(text.ljust(span) if last in self.left or last < n - 1 else text.rjust(span))
+            return "| " + " | ".join(out) + " |"
+
+        lines = [self.caption] if self.caption else []
+        lines += [line(self.columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        return lines + [line(r.cells) for r in self.rows]
+
+
+def tabulate_history(steps: list[Step], current: int | None = None) -> Table:
+    """Every step in a row: outcome, largest error, memory, compile time, median times and the speedup."""
     rows = []
     for s in steps:
         if not s.ok:
-            rows.append([str(s.index), s.title, "no", (s.error or "")[:60], "", "", "", "", "", ""])
+            rows.append(Row((str(s.index), s.title, "no", s.error or ""), ok=False, current=s.index == current))
             continue
-        rows.append(
-            [
-                str(s.index),
-                s.title,
-                "yes",
-                _num(s.max_abs_error, "{:.2e}"),
-                _num(None if s.intermediate_bytes is None else s.intermediate_bytes / MIB, "{:.2f}"),
-                _num(s.compile_seconds, "{:.1f}"),
-                _num(_median(s, "dcnb"), "{:.3f}"),
-                _num(_median(s, "torch"), "{:.3f}"),
-                _num(_median(s, "torch_compile"), "{:.3f}"),
-                _num(s.speedup(), "{:.2f}x"),
-            ]
+        cells = (
+            str(s.index),
+            s.title,
+            "yes",
+            _num(s.max_abs_error, "{:.2e}"),
+            _num(None if s.intermediate_bytes is None else s.intermediate_bytes / MIB, "{:.2f}"),
+            _num(s.compile_seconds, "{:.1f}"),
+            *(_num(s.timings[n].median if n in s.timings else None, "{:.3f}") for n in NAMES),
+            _num(s.speedup(), "{:.2f}x"),
         )
-    return _table(header, rows)
+        rows.append(Row(cells, current=s.index == current))
+    return Table("history", HISTORY_COLUMNS, tuple(rows), left=(1,))
 
 
-def _median(step: Step, name: str) -> float | None:
-    t = step.timings.get(name)
-    return None if t is None else t.median
+def tabulate_timings(timings: dict[str, Timing]) -> Table:
+    """Min/Mean/Median/Stdev/Max of each measured callable; no rows where nothing was timed."""
+    rows = tuple(
+        Row((NAMES.get(name, name), *(f"{v:.3f}" for v in (t.min, t.mean, t.median, t.stdev, t.max))))
+        for name, t in timings.items()
+    )
+    return Table("timing", TIMING_COLUMNS, rows, caption="ms per forward+backward", left=(0,), row_headers=True)
+
+
+def timing_table(timings: dict[str, Timing]) -> list[str]:
+    """The timing table as text (Step.as_text)."""
+    return tabulate_timings(timings).as_text()
+
+
+def history_table(steps: list[Step]) -> list[str]:
+    """The history as text (Session.as_text)."""
+    return tabulate_history(steps).as_text()
 
 
 def _num(value: float | None, fmt: str) -> str:
     return "" if value is None else fmt.format(value)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
-
-    return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(line(r) for r in rows)]

@@ -15,14 +15,11 @@ import subprocess
 from typing import Any
 
 from . import graph as graphs
-from .record import MIB, Step
+from .record import MIB, Step, Table, tabulate_history, tabulate_timings
 from .session import Session
 
-#: above this many nodes the static picture draws each outermost map as one box
-COLLAPSE_ABOVE = 250
 #: above this many nodes a picture is shown at its own size, in a box that scrolls
 SCROLL_ABOVE = 60
-BASELINE_NAMES = {"dcnb": "dcnb", "torch": "torch eager", "torch_compile": "torch.compile"}
 # text columns read left-aligned (notebook styles right-align every cell)
 _LEFT = " style='text-align: left'"
 # tables start at the left edge, under their heading (JupyterLab centres tables in rendered HTML)
@@ -49,7 +46,7 @@ def to_html(session: Session) -> str:
         f"<h4 style='margin: 4px 0'>dcnb session: {_e(session.name)} on {_e(session.device)}</h4>",
         step_html(current),
         "<h5 style='margin: 8px 0 4px'>History</h5>",
-        history_html(session.history, current.index),
+        table_html(tabulate_history(session.history, current.index)),
         chart_svg(session.history),
     ]
     # forward and backward side by side where the page is wide enough, as a reader compares them
@@ -82,49 +79,37 @@ def step_html(step: Step) -> str:
     if step.compile_seconds is not None:
         rows.append(f"compile: {step.compile_seconds:.1f} s" + (" (cached)" if step.compile_seconds == 0 else ""))
     text = f"<p><b>step {step.index}: {_e(step.title)}</b> &middot; " + " &middot; ".join(rows) + "</p>"
-    return text + timing_html(step)
+    return text + table_html(tabulate_timings(step.timings))
 
 
-def timing_html(step: Step) -> str:
-    if not step.timings:
+def table_html(table: Table) -> str:
+    """A record.Table as the widget draws it (its class names too), with inline styles for readers without
+    dcnb's stylesheet (nbconvert, GitHub); empty where it has no rows."""
+    if not table.rows:
         return ""
-    head = "".join(f"<th>{h}</th>" for h in ("", "Min", "Mean", "Median", "Stdev", "Max"))
-    body = "".join(
-        f"<tr><th>{_e(BASELINE_NAMES.get(name, name))}</th>"
-        + "".join(f"<td>{getattr(t, k):.3f}</td>" for k in ("min", "mean", "median", "stdev", "max"))
-        + "</tr>"
-        for name, t in step.timings.items()
-    )
-    return f"<table class='dcnb-timing'{_TABLE}><caption>ms per forward+backward</caption><tr>{head}</tr>{body}</table>"
 
+    def cell(tag: str, text: str, i: int, span: int = 1) -> str:
+        attrs = f" colspan='{span}'" if span > 1 else ""
+        if i in table.left or span > 1:
+            attrs += f" class='dcnb-left'{_LEFT}"
+        return f"<{tag}{attrs}>{_e(text)}</{tag}>"
 
-def history_html(steps: list[Step], current: int | None = None) -> str:
-    head = "".join(
-        f"<th{_LEFT if h == 'step' else ''}>{h}</th>"
-        for h in ("#", "step", "ok", "max abs err", "interm. MiB", "compile s", "dcnb ms", "torch ms",
-                  "torch.compile ms", "vs torch")
-    )
-    rows = []
-    for s in steps:
-        mark = " style='font-weight: bold'" if s.index == current else ""
-        if not s.ok:
-            rows.append(
-                f"<tr{mark}><td>{s.index}</td><td{_LEFT}>{_e(s.title)}</td><td>no</td>"
-                f"<td colspan='7'{_LEFT}>{_e(s.error or '')}</td></tr>"
+    n = len(table.columns)
+    rows = ["<tr>" + "".join(cell("th", c, i) for i, c in enumerate(table.columns)) + "</tr>"]
+    for r in table.rows:
+        classes = ("dcnb-ok" if r.ok else "dcnb-failed") + (" dcnb-current" if r.current else "")
+        mark = " style='font-weight: bold'" if r.current else ""
+        last = len(r.cells) - 1
+        rows.append(
+            f"<tr class='{classes}'{mark}>"
+            + "".join(
+                cell("th" if table.row_headers and i == 0 else "td", c, i, n - last if i == last else 1)
+                for i, c in enumerate(r.cells)
             )
-            continue
-        cells = [
-            str(s.index),
-            _e(s.title),
-            "yes",
-            _num(s.max_abs_error, "{:.2e}"),
-            _num(None if s.intermediate_bytes is None else s.intermediate_bytes / MIB, "{:.2f}"),
-            _num(s.compile_seconds, "{:.1f}"),
-            *(_num(s.timings[n].median if n in s.timings else None, "{:.3f}") for n in ("dcnb", "torch", "torch_compile")),
-            _num(s.speedup(), "{:.2f}x"),
-        ]
-        rows.append(f"<tr{mark}>" + "".join(f"<td{_LEFT if i == 1 else ''}>{c}</td>" for i, c in enumerate(cells)) + "</tr>")
-    return f"<table class='dcnb-history'{_TABLE}><tr>{head}</tr>{''.join(rows)}</table>"
+            + "</tr>"
+        )
+    caption = f"<caption>{_e(table.caption)}</caption>" if table.caption else ""
+    return f"<table class='dcnb-table dcnb-{table.kind}'{_TABLE}>{caption}{''.join(rows)}</table>"
 
 
 def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
@@ -207,7 +192,7 @@ def _dot() -> str | None:
 
 def to_dot(picture: dict[str, Any]) -> str:
     """The picture in Graphviz's language: states and map scopes as clusters (outermost maps collapsed if large)."""
-    collapse = graphs.size(picture) > COLLAPSE_ABOVE
+    collapse = graphs.size(picture) > graphs.COLLAPSE_ABOVE
     lines = [
         "digraph sdfg {",
         '  graph [fontname="Helvetica" fontsize=10 rankdir=TB compound=true];',
@@ -295,7 +280,3 @@ def _q(text: str) -> str:
 
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "" if value is None else fmt.format(value)

@@ -1,8 +1,9 @@
 """SessionWidget: the session as a Jupyter widget. Its traits mirror the session; the browser only asks.
 
-The view (``labextension/src/widget.ts``) draws ``graphs``, ``steps`` and ``actions`` and sends messages:
-``{event: "apply", name, where}``, ``{event: "undo"}``, ``{event: "reset"}``, ``{event: "export"}``. Each one calls
-the Session and then refreshes the traits, so the Python session is the only state.
+The view (``labextension/src/widget.ts``) draws ``graphs``, ``steps``, ``history`` and ``actions`` and sends
+messages: ``{event: "apply", name, where}``, ``{event: "undo"}``, ``{event: "reset"}``, ``{event: "export"}``. Each
+one calls the Session and then refreshes the traits, so the Python session is the only state. The tables come
+formatted (``record.Table``): the view draws their cells as the text and the static HTML show them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from IPython.display import update_display
 
 from . import graph, render
 from .errors import DcnbError
+from .record import tabulate_history, tabulate_timings
 from .session import Session
 from .version import VERSION
 
@@ -52,7 +54,12 @@ class SessionWidget(ipywidgets.DOMWidget):
     graphs = traitlets.Dict(help="'forward' and 'backward' -> the drawable picture of each SDFG (graph.describe)").tag(
         sync=True
     )
-    steps = traitlets.List(help="every step tried since the last reset (Step.to_dict, plus its title and compiler log)").tag(sync=True)
+    steps = traitlets.List(
+        help="every step tried since the last reset (Step.to_dict, plus its title, compiler log and timing table)"
+    ).tag(sync=True)
+    history = traitlets.Dict(help="the history table, as the text and the static HTML show it (record.Table)").tag(
+        sync=True
+    )
     current = traitlets.Int(0, help="index of the step whose SDFGs the session holds").tag(sync=True)
     actions = traitlets.List(help="the actions on offer for the selection: name, description, phase, matches").tag(
         sync=True
@@ -90,8 +97,12 @@ class SessionWidget(ipywidgets.DOMWidget):
         with self.hold_sync():
             self.title = s.as_text().splitlines()[0].removeprefix("dcnb session: ")
             self.graphs = {"forward": graph.describe(s.forward_sdfg), "backward": graph.describe(s.backward_sdfg)}
-            self.steps = [dict(step.to_dict(), title=step.title, log=step.log) for step in s.history]
+            self.steps = [
+                dict(step.to_dict(), title=step.title, log=step.log, timing=tabulate_timings(step.timings).to_dict())
+                for step in s.history
+            ]
             self.current = s.current.index
+            self.history = tabulate_history(s.history, s.current.index).to_dict()
             self.recipe = json.dumps(s.recipe)
             self._refresh_actions()
 

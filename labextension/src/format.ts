@@ -1,4 +1,6 @@
-// Numbers and rows for the step tables and the history chart. Pure code, tested under node.
+// What the session widget's traits hold (dcnb/_src/widget.py), and the one-line summary of a step. Pure code,
+// tested under node.
+import { TableData } from './tables';
 
 export interface Timing {
   min: number;
@@ -23,6 +25,8 @@ export interface StepData {
   notes: string[];
   // the compiler's output, when the step's code did not compile
   log?: string | null;
+  // its timing table, as the kernel formats it
+  timing: TableData;
 }
 
 export interface ActionData {
@@ -33,64 +37,18 @@ export interface ActionData {
   matches: number;
 }
 
-export const BASELINES: [string, string][] = [
-  ['dcnb', 'dcnb'],
-  ['torch', 'torch eager'],
-  ['torch_compile', 'torch.compile']
-];
-
 const MIB = 1 << 20;
 
-export function num(value: number | null | undefined, digits = 3): string {
+function num(value: number | null | undefined, digits = 3): string {
   return value === null || value === undefined ? '' : value.toFixed(digits);
 }
 
-export function sci(value: number | null | undefined): string {
+function sci(value: number | null | undefined): string {
   return value === null || value === undefined ? '' : value.toExponential(2);
 }
 
-export function mib(bytes: number | null | undefined): string {
+function mib(bytes: number | null | undefined): string {
   return bytes === null || bytes === undefined ? '' : (bytes / MIB).toFixed(2);
-}
-
-// Median of a baseline over dcnb's: above 1, dcnb is faster.
-export function speedup(step: StepData, baseline = 'torch'): number | null {
-  const d = step.timings.dcnb;
-  const b = step.timings[baseline];
-  return d && b && d.median > 0 ? b.median / d.median : null;
-}
-
-export const HISTORY_HEADER = [
-  '#',
-  'step',
-  'ok',
-  'max abs err',
-  'interm. MiB',
-  'compile s',
-  'dcnb ms',
-  'torch ms',
-  'torch.compile ms',
-  'vs torch'
-];
-
-// One row of the history table, as text cells (a failed step puts its reason in the fourth cell).
-export function historyRow(step: StepData): string[] {
-  if (!step.ok) {
-    return [String(step.index), step.title, 'no', step.error ?? ''];
-  }
-  const ratio = speedup(step);
-  return [
-    String(step.index),
-    step.title,
-    'yes',
-    sci(step.max_abs_error),
-    mib(step.intermediate_bytes),
-    num(step.compile_seconds, 1),
-    num(step.timings.dcnb?.median),
-    num(step.timings.torch?.median),
-    num(step.timings.torch_compile?.median),
-    ratio === null ? '' : `${ratio.toFixed(2)}x`
-  ];
 }
 
 // The one-line summary of a step: allclose, memory, compile time.
@@ -109,48 +67,4 @@ export function stepSummary(step: StepData): string {
     parts.push(`compile: ${num(step.compile_seconds, 1)} s${step.compile_seconds === 0 ? ' (cached)' : ''}`);
   }
   return parts.join(' · ');
-}
-
-export interface Bar {
-  index: number;
-  x: number;
-  width: number;
-  height: number;
-}
-
-export interface Chart {
-  top: number;
-  bars: Bar[];
-  lines: Record<string, { x: number; y: number }[]>;
-}
-
-// Bars of dcnb's median per ok step, and torch's and torch.compile's medians as lines, scaled to the box.
-export function chart(steps: StepData[], width: number, height: number): Chart | null {
-  const timed = steps.filter(s => s.ok && s.timings.dcnb);
-  if (timed.length === 0) {
-    return null;
-  }
-  const top = Math.max(...timed.flatMap(s => Object.values(s.timings).map(t => t.median))) * 1.1;
-  // a bar is never wider than 60px, so one step does not fill the chart
-  const slot = Math.min(width / timed.length, 60);
-  const scale = height / top;
-  const lines: Record<string, { x: number; y: number }[]> = {};
-  for (const [name] of BASELINES.slice(1)) {
-    const points = timed
-      .map((s, i) => (s.timings[name] ? { x: (i + 0.5) * slot, y: height - s.timings[name].median * scale } : null))
-      .filter((p): p is { x: number; y: number } => p !== null);
-    if (points.length) {
-      lines[name] = points;
-    }
-  }
-  return {
-    top,
-    bars: timed.map((s, i) => ({
-      index: s.index,
-      x: i * slot + 2,
-      width: Math.max(slot - 4, 1),
-      height: s.timings.dcnb.median * scale
-    })),
-    lines
-  };
 }

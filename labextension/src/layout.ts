@@ -40,6 +40,12 @@ export interface GraphData {
   interstate: { src: string; dst: string; label: string }[];
 }
 
+// A whole SDFG's picture (graph.describe): a picture of more nodes than `collapse_above` opens with its map
+// scopes collapsed, as the static SVG draws it.
+export interface Picture extends GraphData {
+  collapse_above: number;
+}
+
 export interface Box {
   id: string;
   x: number; // top-left corner

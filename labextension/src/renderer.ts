@@ -5,8 +5,10 @@ import { MimeModel, IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Panel, Widget } from '@lumino/widgets';
 
-import { GraphData } from './layout';
-import { el, GraphView } from './view';
+import { el } from './dom';
+import { GraphView } from './graphview';
+import { Picture } from './layout';
+import { layoutAsync } from './layoutclient';
 
 export const SESSION_MIME = 'application/vnd.dcnb.session+json';
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
@@ -92,10 +94,10 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
     const box = new Panel();
     this.static_ = box;
     this.addWidget(box);
-    const graphs = (model.data[SESSION_MIME] as { graphs?: Record<string, GraphData | null> } | undefined)?.graphs;
+    const graphs = (model.data[SESSION_MIME] as { graphs?: Record<string, Picture | null> } | undefined)?.graphs;
     if (graphs?.forward) {
       // the pictures, drawn as the live widget draws them (in place of the static SVGs)
-      box.addWidget(new Widget({ node: kernelFreeGraphs(graphs) }));
+      box.addWidget(new KernelFreeGraphs(graphs));
       box.addClass('dcnb-has-graphs');
     }
     // the text/html renderer sanitizes the markup of untrusted notebooks
@@ -136,26 +138,34 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
   }
 }
 
-// Forward / Backward tabs over a graph view: what a reader without the kernel can still explore.
-function kernelFreeGraphs(graphs: Record<string, GraphData | null>): HTMLDivElement {
-  const box = el('div', 'dcnb-session dcnb-kernel-free');
-  const bar = el('div', 'dcnb-tabs');
-  const view = new GraphView({ onSelect: () => undefined });
-  const tabs: HTMLButtonElement[] = [];
-  for (const name of ['forward', 'backward']) {
-    const graph = graphs[name];
-    const tab = el('button', 'dcnb-tab', name === 'forward' ? 'Forward' : 'Backward');
-    tab.dataset.tab = name;
-    tab.disabled = !graph;
-    tab.addEventListener('click', () => {
-      tabs.forEach(t => t.classList.toggle('dcnb-active', t === tab));
-      view.setGraph(graph ?? null, []);
-    });
-    tabs.push(tab);
-    bar.appendChild(tab);
+// Forward / Backward tabs over a graph view: what a reader without the kernel can still explore. Disposed with
+// the renderer (a Panel disposes its widgets), which takes the view's window listeners away.
+class KernelFreeGraphs extends Widget {
+  private readonly view = new GraphView({ onSelect: () => undefined, layout: layoutAsync });
+
+  constructor(graphs: Record<string, Picture | null>) {
+    super({ node: el('div', 'dcnb-session dcnb-kernel-free') });
+    const bar = el('div', 'dcnb-tabs');
+    const tabs: HTMLButtonElement[] = [];
+    for (const name of ['forward', 'backward']) {
+      const graph = graphs[name];
+      const tab = el('button', 'dcnb-tab', name === 'forward' ? 'Forward' : 'Backward');
+      tab.dataset.tab = name;
+      tab.disabled = !graph;
+      tab.addEventListener('click', () => {
+        tabs.forEach(t => t.classList.toggle('dcnb-active', t === tab));
+        this.view.setGraph(graph ?? null, []);
+      });
+      tabs.push(tab);
+      bar.appendChild(tab);
+    }
+    bar.appendChild(el('span', 'dcnb-note', ' the graphs as saved (no kernel: actions need the kernel)'));
+    this.node.append(bar, this.view.node);
+    tabs[0].click();
   }
-  bar.appendChild(el('span', 'dcnb-note', ' the graphs as saved (no kernel: actions need the kernel)'));
-  box.append(bar, view.node);
-  tabs[0].click();
-  return box;
+
+  dispose(): void {
+    this.view.dispose();
+    super.dispose();
+  }
 }

@@ -2,9 +2,13 @@
 // draws them and sends requests ({event: 'apply' | 'undo' | 'reset' | 'export'}); Python does the work.
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
+import { historyChart } from './chart';
+import { el } from './dom';
 import { ActionData, StepData, stepSummary } from './format';
-import { GraphData } from './layout';
-import { el, GraphView, historyChart, historyTable, timingTable } from './view';
+import { GraphView } from './graphview';
+import { Picture } from './layout';
+import { layoutAsync } from './layoutclient';
+import { drawTable, TableData } from './tables';
 import { MODULE_NAME, MODULE_VERSION } from './version';
 
 type Tab = 'forward' | 'backward';
@@ -23,6 +27,7 @@ export class SessionModel extends DOMWidgetModel {
       variable: '',
       graphs: {},
       steps: [],
+      history: null,
       current: 0,
       actions: [],
       selection: [],
@@ -75,7 +80,8 @@ export class SessionView extends DOMWidgetView {
         this.model.set('selection', labels);
         this.model.save_changes();
         this.renderSelection();
-      }
+      },
+      layout: layoutAsync
     });
     this.actionBar = el('div', 'dcnb-actions');
     this.selectionLine = el('div', 'dcnb-selection');
@@ -86,7 +92,7 @@ export class SessionView extends DOMWidgetView {
 
     this.listenTo(this.model, 'change:graphs', () => this.renderGraph());
     this.listenTo(this.model, 'change:actions change:busy', () => this.renderActions());
-    this.listenTo(this.model, 'change:steps change:current', () => this.renderResults());
+    this.listenTo(this.model, 'change:steps change:current change:history', () => this.renderResults());
     this.listenTo(this.model, 'change:busy change:message', () => this.renderStatus());
     this.listenTo(this.model, 'change:selection', () => {
       this.graphView.setSelection(this.model.get('selection'));
@@ -99,6 +105,11 @@ export class SessionView extends DOMWidgetView {
     this.renderSelection();
     this.renderStatus();
     this.renderResults();
+  }
+
+  remove(): any {
+    this.graphView?.dispose();
+    return super.remove();
   }
 
   private showTab(tab: Tab): void {
@@ -114,7 +125,7 @@ export class SessionView extends DOMWidgetView {
   }
 
   private renderGraph(): void {
-    const graphs = this.model.get('graphs') as Record<Tab, GraphData | null>;
+    const graphs = this.model.get('graphs') as Record<Tab, Picture | null>;
     this.tabs.backward.disabled = !graphs.backward;
     this.graphView.setGraph(graphs[this.tab] ?? null, this.model.get('selection'));
   }
@@ -193,7 +204,7 @@ export class SessionView extends DOMWidgetView {
         this.result.appendChild(el('div', 'dcnb-note', `The session stays at step ${current}.`));
       }
       this.result.appendChild(el('div', 'dcnb-summary', stepSummary(shown)));
-      const table = timingTable(shown);
+      const table = drawTable(shown.timing);
       if (table) {
         this.result.appendChild(table);
       }
@@ -201,10 +212,11 @@ export class SessionView extends DOMWidgetView {
         this.result.appendChild(el('div', 'dcnb-note', note));
       }
     }
-    this.history.replaceChildren(el('div', 'dcnb-heading', 'History'), historyTable(steps, current));
-    const c = historyChart(steps);
-    if (c) {
-      this.history.appendChild(c);
+    this.history.replaceChildren(el('div', 'dcnb-heading', 'History'));
+    for (const part of [drawTable(this.model.get('history') as TableData | null), historyChart(steps)]) {
+      if (part) {
+        this.history.appendChild(part);
+      }
     }
     this.renderActions();
   }

@@ -110,6 +110,9 @@ def test_run_the_magic_see_the_graph_click_a_step(lab, browser, page, artifacts)
     assert "intermediate memory: 0.00 MiB" in session.locator(".dcnb-summary").inner_text()
     session.locator(".dcnb-timing").wait_for()
     session.screenshot(path=str(artifacts / "ui-tasklet-fusion.png"))
+    # the tables as the kernel formatted them: the static rendering shows the same ones (below)
+    tables = {kind: session.locator(f".dcnb-{kind} tr").all_inner_texts() for kind in ("history", "timing")}
+    assert "torch.compile ms" in tables["history"][0] and tables["timing"][2].startswith("torch eager")
 
     # the payloads arrive as text
     evil = page.locator(LIVE).nth(1)
@@ -155,6 +158,8 @@ def test_run_the_magic_see_the_graph_click_a_step(lab, browser, page, artifacts)
     expect(output.locator(".dcnb-static-output img").first).to_be_hidden()
     assert page.locator(LIVE).count() == 0
     assert "tasklet_fusion" in output.locator(".dcnb-history").inner_text()
+    for kind, rows in tables.items():
+        assert output.locator(f".dcnb-static-output .dcnb-{kind} tr").all_inner_texts() == rows
     # a click still shows a node's details
     free = output.locator(".dcnb-kernel-free")
     free.locator(".dcnb-node.dcnb-tasklet").first.click()

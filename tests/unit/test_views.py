@@ -6,12 +6,16 @@ import pathlib
 import re
 import shutil
 import subprocess
+from html.parser import HTMLParser
 
 import dace
 import pytest
 
 import dcnb
-from dcnb._src import graph, render, widget
+from dcnb._src import graph, record, render, widget
+from dcnb._src.record import Step
+from dcnb._src.timing import Timing
+from dcnb._src.verify import Check
 from dcnb._src.version import VERSION
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -39,6 +43,8 @@ def test_versions_agree():
 def test_the_picture_has_scopes_memlets_and_details():
     picture = graph.describe(scaled_sdfg())
     assert json.loads(json.dumps(picture)) == picture
+    # the widget's view collapses a picture where the static SVG does: both read the threshold from Python
+    assert picture["collapse_above"] == graph.COLLAPSE_ABOVE
     (state,) = picture["states"]
     kinds = {n["kind"] for n in state["nodes"]}
     assert kinds == {"access", "map_entry", "map_exit", "tasklet"}
@@ -92,7 +98,7 @@ def test_large_pictures_collapse_outer_maps_in_the_static_svg():
         return dict(state, id=f"s{i}", nodes=nodes, edges=edges)
 
     picture["states"] = [copy(i) for i in range(60)]
-    assert graph.size(picture) > render.COLLAPSE_ABOVE
+    assert graph.size(picture) > graph.COLLAPSE_ABOVE
     dot = render.to_dot(picture)
     assert 'subgraph "cluster_s0s0n0"' not in dot and "(5 nodes inside)" in dot
 
@@ -110,28 +116,114 @@ def test_a_large_picture_shows_an_overview_and_its_full_size_one_click_away():
     assert "max-width: none" in full and "overflow: auto" in full
 
 
-def test_the_history_chart_and_tables_escape(monkeypatch):
-    from dcnb._src.record import Step
-
+def test_the_history_chart_and_tables_escape():
     failed = Step(1, PAYLOAD, {}, (PAYLOAD,), ok=False, error=PAYLOAD)
-    html = render.history_html([failed]) + render.step_html(failed)
+    html = render.table_html(record.tabulate_history([failed])) + render.step_html(failed)
     assert "<img" not in html and "&lt;img" in html
     assert render.chart_svg([failed]) == ""
 
 
+class _Tables(HTMLParser):
+    """The tables of a page: each one's class and its rows, as lists of cell texts."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.tables: list[tuple[str, list[list[str]]]] = []
+        self._cell: list[str] | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "table":
+            self.tables.append((dict(attrs).get("class", ""), []))
+        elif tag == "tr":
+            self.tables[-1][1].append([])
+        elif tag in ("th", "td"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("th", "td"):
+            self.tables[-1][1][-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def rows(self, kind: str) -> list[list[str]]:
+        return next(rows for cls, rows in self.tables if f"dcnb-{kind}" in cls.split())
+
+
+def _text_rows(lines: list[str]) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines if not line.startswith("|-")]
+
+
+def _widget_rows(table: dict) -> list[list[str]]:
+    return [table["columns"], *(row["cells"] for row in table["rows"])]
+
+
+class _Shown:
+    """What the widget and the static rendering read of a Session, over steps made up here."""
+
+    name, device, recipe, forward_sdfg, backward_sdfg = "Mish", "cpu", [], None, None
+
+    def __init__(self, history: list[Step]):
+        self.history = history
+        self.current = history[-1]
+
+    def as_text(self) -> str:
+        return "\n".join(["dcnb session: Mish (4x8) on cpu", *record.history_table(self.history)])
+
+    def actions(self, where: list[str] | None = None) -> list:
+        return []
+
+
+def test_the_text_the_static_html_and_the_widget_show_the_same_tables():
+    timings = {n: Timing.of([ms, ms * 1.5]) for n, ms in (("dcnb", 2.0), ("torch", 3.0), ("torch_compile", 2.5))}
+    naive = Step(0, "naive", {}, None, ok=True, check=Check(True, 3e-7, "output", {"output": 3e-7}),
+                 intermediate_bytes=3 << 20, compile_seconds=1.25, timings=timings)
+    failed = Step(1, "map_fusion", {}, ("x",), ok=False, error="map_fusion matches nothing")
+    fused = Step(2, "tasklet_fusion", {}, None, ok=True, intermediate_bytes=0, compile_seconds=0.0,
+                 timings={"dcnb": Timing.of([1.0])})
+    session = _Shown([naive, failed, fused])
+    w = widget.SessionWidget(session)
+    page = _Tables(w._repr_mimebundle_()["text/html"])
+
+    history = _widget_rows(w.history)
+    assert history[0] == list(record.HISTORY_COLUMNS) and "torch.compile ms" in history[0]
+    assert history[1] == ["0", "naive", "yes", "3.00e-07", "3.00", "1.2", "2.500", "3.750", "3.125", "1.50x"]
+    assert history[2] == ["1", "map_fusion (where x)", "no", "map_fusion matches nothing"]
+    assert history[3][:3] == ["2", "tasklet_fusion", "yes"] and history[3][-4:] == ["1.000", "", "", ""]
+    assert _text_rows(record.history_table(session.history)) == history
+    assert page.rows("history") == history
+    assert [r["current"] for r in w.history["rows"]] == [False, False, True]
+
+    timing = _widget_rows(w.steps[0]["timing"])
+    assert timing[0] == ["", "Min", "Mean", "Median", "Stdev", "Max"]
+    assert [row[0] for row in timing[1:]] == ["dcnb", "torch eager", "torch.compile"]
+    assert w.steps[0]["timing"]["caption"] == "ms per forward+backward"
+    assert _text_rows(record.timing_table(naive.timings)[1:]) == timing
+    assert _Tables(render.step_html(naive)).rows("timing") == timing
+    assert w.steps[1]["timing"]["rows"] == [] and "dcnb-timing" not in render.step_html(failed)
+
+
+def test_a_failed_steps_reason_stays_on_its_row_of_text():
+    ok = Step(0, "naive", {}, None, ok=True)
+    failed = Step(1, "vectorization", {}, None, ok=False, error="the generated code does not compile:\n" + "x" * 200)
+    header, rule, _, reason = record.history_table([ok, failed])
+    assert len(reason) == len(header) == len(rule)
+    assert "does not compile: xxx" in reason and reason.endswith("… |")
+
 
 def test_the_chart_shows_the_baselines_of_a_single_step():
-    from dcnb._src.record import Step
-    from dcnb._src.timing import Timing
-
     naive = Step(0, "naive", {}, None, ok=True, timings={n: Timing.of([ms]) for n, ms in
                                                          (("dcnb", 3.0), ("torch", 1.0), ("torch_compile", 2.0))})
     svg = render.chart_svg([naive])
     # a line through one point draws nothing: each baseline's point is a dot, named in the legend
     assert svg.count("<circle") == 2 and "torch eager" in svg and "torch.compile" in svg
 
+
 def test_view_code(tmp_path):
-    """The labextension's pure view code (layout, formatting) under node's test runner."""
+    """The labextension's view code (layout, tables, chart, the graph view on a fake DOM) under node's test runner."""
     npm = shutil.which("npm")
     assert npm, "npm is needed to test the labextension (scripts/setup.sh installs it)"
     done = subprocess.run([npm, "test", "--silent"], cwd=ROOT, capture_output=True, text=True, timeout=300)

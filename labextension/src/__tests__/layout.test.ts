@@ -1,9 +1,10 @@
-// Layout of SDFG pictures, scope by scope (node's test runner; `npm test`).
+// Layout of SDFG pictures, scope by scope, and the history chart (node's test runner; `npm test`).
 import { test } from 'node:test';
 import * as assert from 'node:assert/strict';
 
 import { countNodes, GraphData, layoutGraph, NodeData, scopeIds, StateData } from '../layout';
-import { chart, historyRow, speedup, StepData } from '../format';
+import { chart } from '../chart';
+import { StepData } from '../format';
 
 function node(id: string, kind: NodeData['kind'], scope: string | null, label = id): NodeData {
   return { id, kind, label, scope, info: kind.startsWith('map') ? { range: '0:4' } : {} };
@@ -105,17 +106,10 @@ function step(index: number, ok: boolean, dcnb = 2, torch = 4): StepData {
     intermediate_bytes: 3 << 20,
     compile_seconds: 1.25,
     timings: ok ? { dcnb: timing(dcnb), torch: timing(torch) } : {},
-    notes: []
+    notes: [],
+    timing: { kind: 'timing', columns: [], rows: [], caption: '', left: [], row_headers: true }
   };
 }
-
-test('history rows: numbers for an ok step, the reason for a failed one', () => {
-  assert.deepEqual(historyRow(step(1, true)), [
-    '1', 'map_fusion', 'yes', '1.00e-7', '3.00', '1.3', '2.000', '4.000', '', '2.00x'
-  ]);
-  assert.deepEqual(historyRow(step(2, false)), ['2', 'map_fusion', 'no', 'map_fusion breaks correctness']);
-  assert.equal(speedup(step(1, true), 'torch_compile'), null);
-});
 
 test('the chart has a bar per timed step and a line per baseline', () => {
   const c = chart([step(0, true, 8, 4), step(1, false), step(2, true, 2, 4)], 100, 50)!;

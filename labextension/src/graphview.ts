@@ -1,89 +1,12 @@
-// State -> DOM: the SDFG drawn in SVG the way SDFV draws it, and the step tables.
-//
-// Every name, label and piece of code is set with textContent, never as markup.
-import {
-  countNodes,
-  GraphData,
-  Layout,
-  layoutGraph,
-  NodeData,
-  nodeText,
-  PlacedEdge,
-  PlacedNode,
-  scopeIds
-} from './layout';
-import { BASELINES, chart, HISTORY_HEADER, historyRow, StepData } from './format';
-
-const SVG = 'http://www.w3.org/2000/svg';
-// above this many nodes a picture opens with every map scope collapsed
-export const COLLAPSE_ABOVE = 300;
-// above this many nodes the layout runs in a worker (dagre takes about a second per thousand nodes)
-export const WORKER_ABOVE = 400;
-
-let worker: Worker | null | undefined;
-let requests = 0;
-
-// The layout worker, or null where none can start (the layout then runs here).
-function layoutWorker(): Worker | null {
-  if (worker === undefined) {
-    try {
-      worker = new Worker(new URL('./layout.worker.js', import.meta.url));
-    } catch {
-      worker = null;
-    }
-  }
-  return worker;
-}
-
-// Lay out a picture: in the worker when it is large, here when it is small.
-export function layoutAsync(graph: GraphData, collapsed: Set<string>): Promise<Layout> {
-  const w = countNodes(graph) > WORKER_ABOVE ? layoutWorker() : null;
-  if (!w) {
-    return Promise.resolve(layoutGraph(graph, collapsed));
-  }
-  const id = ++requests;
-  return new Promise((resolve, reject) => {
-    const onMessage = (e: MessageEvent<{ id: number; layout: Layout }>) => {
-      if (e.data.id === id) {
-        w.removeEventListener('message', onMessage);
-        resolve(e.data.layout);
-      }
-    };
-    w.addEventListener('message', onMessage);
-    w.addEventListener('error', reject, { once: true });
-    w.postMessage({ id, graph, collapsed: [...collapsed] });
-  });
-}
-
-export function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className = '',
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  if (className) {
-    e.className = className;
-  }
-  if (text !== undefined) {
-    e.textContent = text;
-  }
-  return e;
-}
-
-function svg<K extends keyof SVGElementTagNameMap>(
-  tag: K,
-  attrs: Record<string, string | number> = {}
-): SVGElementTagNameMap[K] {
-  const e = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    e.setAttribute(k, String(v));
-  }
-  return e;
-}
+// One SDFG drawn in SVG the way DaCe's SDFV draws it: states, map scopes, SDFV's node shapes, memlets.
+import { el, svg } from './dom';
+import { countNodes, GraphData, Layout, NodeData, nodeText, Picture, PlacedEdge, PlacedNode, scopeIds } from './layout';
 
 export interface GraphViewOptions {
   // node labels (what `where` matches) chosen by clicking; called whenever the selection changes
   onSelect: (labels: string[]) => void;
+  // lays out a picture with these scopes collapsed (layoutclient.ts: in a worker when it is large)
+  layout: (graph: GraphData, collapsed: Set<string>) => Promise<Layout>;
 }
 
 // One SDFG: pan (drag), zoom (wheel), click a node for its details (shift-click adds to the selection),
@@ -95,12 +18,17 @@ export class GraphView {
   private readonly details: HTMLDivElement;
   private readonly notice: HTMLDivElement;
   private drawn = 0;
-  private graph: GraphData | null = null;
+  private graph: Picture | null = null;
   private layout: Layout | null = null;
   private collapsed = new Set<string>();
   private selected = new Set<string>();
   private view = { x: 0, y: 0, scale: 1 };
   private drag: { x: number; y: number; moved: boolean } | null = null;
+  // a drag goes on outside the canvas: the window follows it, as long as the view lives
+  private readonly onMouseMove = (e: MouseEvent): void => this.onDrag(e);
+  private readonly onMouseUp = (): void => {
+    this.drag = null;
+  };
 
   constructor(private readonly options: GraphViewOptions) {
     this.node = el('div', 'dcnb-graph');
@@ -114,19 +42,20 @@ export class GraphView {
     this.canvas.addEventListener('mousedown', e => {
       this.drag = { x: e.clientX, y: e.clientY, moved: false };
     });
-    window.addEventListener('mousemove', e => this.onDrag(e));
-    window.addEventListener('mouseup', () => {
-      this.drag = null;
-    });
+    window.addEventListener('mousemove', this.onMouseMove);
+    window.addEventListener('mouseup', this.onMouseUp);
     this.showDetails(null);
   }
 
-  get nodeCount(): number {
-    return countNodes(this.graph);
+  // Take the window's listeners away (they would keep the view alive and draggable after it is gone).
+  dispose(): void {
+    window.removeEventListener('mousemove', this.onMouseMove);
+    window.removeEventListener('mouseup', this.onMouseUp);
+    ++this.drawn; // a layout still under way draws nothing
   }
 
   // Show a new picture; keeps collapsed scopes and the selection where their ids and labels still exist.
-  setGraph(graph: GraphData | null, selection: string[]): void {
+  setGraph(graph: Picture | null, selection: string[]): void {
     const first = this.graph === null || this.graph.name !== graph?.name;
     if (graph !== this.graph) {
       this.showDetails(null);
@@ -134,7 +63,7 @@ export class GraphView {
     this.graph = graph;
     this.selected = new Set(selection);
     if (graph && first) {
-      this.collapsed = new Set(countNodes(graph) > COLLAPSE_ABOVE ? scopeIds(graph) : []);
+      this.collapsed = new Set(countNodes(graph) > graph.collapse_above ? scopeIds(graph) : []);
     } else if (graph) {
       const ids = new Set(scopeIds(graph));
       this.collapsed = new Set([...this.collapsed].filter(id => ids.has(id)));
@@ -197,21 +126,19 @@ export class GraphView {
     }
     this.notice.textContent = `laying out ${countNodes(graph)} nodes…`;
     this.notice.style.display = 'block';
-    void layoutAsync(graph, this.collapsed)
-      .catch(() => layoutGraph(graph, this.collapsed))
-      .then(layout => {
-        if (turn !== this.drawn) {
-          return; // a newer picture or scope change superseded this one
-        }
-        this.notice.style.display = 'none';
-        this.layout = layout;
-        this.root.replaceChildren();
-        this.draw(layout);
-        if (fit) {
-          // the canvas has its size only once it is attached
-          requestAnimationFrame(() => this.fit(false));
-        }
-      });
+    void this.options.layout(graph, this.collapsed).then(layout => {
+      if (turn !== this.drawn) {
+        return; // a newer picture, a scope change or the view's end superseded this one
+      }
+      this.notice.style.display = 'none';
+      this.layout = layout;
+      this.root.replaceChildren();
+      this.draw(layout);
+      if (fit) {
+        // the canvas has its size only once it is attached
+        requestAnimationFrame(() => this.fit(false));
+      }
+    });
   }
 
   private draw(layout: Layout): void {
@@ -453,94 +380,4 @@ function polygon(points: number[][]): SVGPolygonElement {
 function clip(text: string, width: number): string {
   const room = Math.floor((width - 16) / 7);
   return text.length > room ? text.slice(0, Math.max(room - 1, 1)) + '…' : text;
-}
-
-// --- tables ------------------------------------------------------------------------------------------------
-
-export function timingTable(step: StepData): HTMLTableElement | null {
-  const names = BASELINES.filter(([k]) => step.timings[k]);
-  if (!step.ok || names.length === 0) {
-    return null;
-  }
-  const table = el('table', 'dcnb-table dcnb-timing');
-  table.appendChild(el('caption', '', 'ms per forward+backward'));
-  const head = el('tr');
-  for (const h of ['', 'Min', 'Mean', 'Median', 'Stdev', 'Max']) {
-    head.appendChild(el('th', '', h));
-  }
-  table.appendChild(head);
-  for (const [key, name] of names) {
-    const t = step.timings[key];
-    const row = el('tr');
-    row.appendChild(el('th', '', name));
-    for (const v of [t.min, t.mean, t.median, t.stdev, t.max]) {
-      row.appendChild(el('td', '', v.toFixed(3)));
-    }
-    table.appendChild(row);
-  }
-  return table;
-}
-
-export function historyTable(steps: StepData[], current: number): HTMLTableElement {
-  const table = el('table', 'dcnb-table dcnb-history');
-  const head = el('tr');
-  for (const h of HISTORY_HEADER) {
-    head.appendChild(el('th', '', h));
-  }
-  table.appendChild(head);
-  for (const step of steps) {
-    const row = el('tr', step.ok ? 'dcnb-ok' : 'dcnb-failed');
-    row.dataset.step = String(step.index);
-    row.classList.toggle('dcnb-current', step.index === current);
-    const cells = historyRow(step);
-    cells.forEach((text, i) => {
-      const cell = el('td', '', text);
-      if (!step.ok && i === cells.length - 1) {
-        cell.colSpan = HISTORY_HEADER.length - i;
-      }
-      row.appendChild(cell);
-    });
-    table.appendChild(row);
-  }
-  return table;
-}
-
-export function historyChart(steps: StepData[]): SVGSVGElement | null {
-  const width = 320;
-  const height = 90;
-  const c = chart(steps, width, height);
-  if (!c) {
-    return null;
-  }
-  const root = svg('svg', { class: 'dcnb-chart', width: width + 40, height: height + 48 });
-  const title = svg('text', { x: 0, y: 11 });
-  title.textContent = `median ms per step (top ${c.top.toPrecision(3)})`;
-  root.appendChild(title);
-  let x = 0;
-  for (const [key, name] of BASELINES) {
-    const legend = svg('text', { x, y: 25, class: `dcnb-legend-${key}` });
-    legend.textContent = `■ ${name}`;
-    root.appendChild(legend);
-    x += name.length * 6 + 24;
-  }
-  const plot = svg('g', { transform: 'translate(30 32)' });
-  for (const b of c.bars) {
-    plot.appendChild(svg('rect', { class: 'dcnb-bar', x: b.x, y: height - b.height, width: b.width, height: b.height }));
-    const label = svg('text', { x: b.x + b.width / 2, y: height + 12, 'text-anchor': 'middle' });
-    label.textContent = String(b.index);
-    plot.appendChild(label);
-  }
-  for (const [name, points] of Object.entries(c.lines)) {
-    plot.appendChild(
-      svg('polyline', {
-        class: `dcnb-line dcnb-line-${name}`,
-        points: points.map(p => `${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(' ')
-      })
-    );
-    for (const p of points) {
-      plot.appendChild(svg('circle', { class: `dcnb-dot dcnb-line-${name}`, cx: p.x, cy: p.y, r: 3 }));
-    }
-  }
-  root.appendChild(plot);
-  return root;
 }

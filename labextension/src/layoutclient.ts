@@ -1,0 +1,51 @@
+// Laying out pictures without blocking the notebook: large ones in a worker (layout.worker.ts), small ones here,
+// where a worker would cost more than it saves.
+import { countNodes, GraphData, Layout, layoutGraph } from './layout';
+
+// above this many nodes the layout runs in a worker (dagre takes about a second per thousand nodes)
+export const WORKER_ABOVE = 400;
+
+let worker: Worker | null | undefined;
+let requests = 0;
+
+// The layout worker, or null where none can start (the layout then runs here).
+function layoutWorker(): Worker | null {
+  if (worker === undefined) {
+    try {
+      worker = new Worker(new URL('./layout.worker.js', import.meta.url));
+    } catch {
+      worker = null;
+    }
+  }
+  return worker;
+}
+
+// Lay out a picture: in the worker when it is large, here when it is small or the worker fails.
+export function layoutAsync(graph: GraphData, collapsed: Set<string>): Promise<Layout> {
+  const w = countNodes(graph) > WORKER_ABOVE ? layoutWorker() : null;
+  if (!w) {
+    return Promise.resolve(layoutGraph(graph, collapsed));
+  }
+  const id = ++requests;
+  const laidOut = new Promise<Layout>((resolve, reject) => {
+    const onMessage = (e: MessageEvent<{ id: number; layout: Layout }>) => {
+      if (e.data.id === id) {
+        done();
+        resolve(e.data.layout);
+      }
+    };
+    const onError = (e: ErrorEvent) => {
+      done();
+      reject(e);
+    };
+    // the worker outlives every request: each takes its listeners away when it is answered
+    const done = () => {
+      w.removeEventListener('message', onMessage);
+      w.removeEventListener('error', onError);
+    };
+    w.addEventListener('message', onMessage);
+    w.addEventListener('error', onError);
+    w.postMessage({ id, graph, collapsed: [...collapsed] });
+  });
+  return laidOut.catch(() => layoutGraph(graph, collapsed));
+}
