@@ -73,18 +73,24 @@ class Session:
         self._warmed: set[str] = set()
         self._history: list[Step] = []
         self._states: list[_State] = []
-        module.train(training)
+        # dcnb never changes the user's objects: what the export, the checks and the timing do to the module
+        # (gradients, BatchNorm's statistics, the training flag) is undone, here and in every step
+        with verify.preserved(self._module, training):
+            self._start()
+
+    def _start(self) -> None:
+        """Run PyTorch eager for the reference, export and import the module, and build step 0 (naive)."""
         self._progress("running PyTorch eager")
         self._reference_outputs = self._eager_outputs()
-        self._reference_upstream = verify.grad_outputs(self._reference_outputs) if backward else None
+        self._reference_upstream = verify.grad_outputs(self._reference_outputs) if self.backward else None
         self._progress("exporting to ONNX and importing into DaCe")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._imported: Imported = import_module(module, tuple(self._inputs), training=training)
+            self._imported: Imported = import_module(self._module, tuple(self._inputs), training=self.training)
             pre = copy.deepcopy(self._imported.sdfg)
             passes.run(passes.ON_IMPORT, pre)
         self._reference = verify.run(
-            module, module, self._inputs, self._reference_upstream, self._imported.all_inputs
+            self._module, self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
         )
         state = self._make_state(pre, ())
         self._states.append(state)
@@ -157,7 +163,8 @@ class Session:
         index = len(self._history)
         events.emit("apply")
         try:
-            state = self._advance(self._states[-1], applied, index)
+            with verify.preserved(self._module, self.training):
+                state = self._advance(self._states[-1], applied, index)
         except DcnbError as e:
             step = Step(index, name, applied.options, applied.where, ok=False, error=str(e), log=getattr(e, "log", None))
         except Exception as e:  # a transformation that crashes must not take the session down with it
@@ -399,7 +406,8 @@ def _check_inputs(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[tor
     for i, t in enumerate(inputs):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"example input {i} is a {type(t).__name__}, not a torch.Tensor")
-    return [t.detach() for t in inputs]
+    # copies: a module that writes into its inputs must not change the user's tensors when dcnb runs it
+    return [t.detach().clone() for t in inputs]
 
 
 def _device(device: str) -> str:

@@ -152,18 +152,30 @@ def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def preserved(module: nn.Module) -> Iterator[None]:
-    """Keep the user's .grad fields and buffers (BatchNorm statistics) as they were."""
-    grads = {name: p.grad for name, p in module.named_parameters()}
-    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    for p in module.parameters():
-        p.grad = None
+def preserved(module: nn.Module, training: bool | None = None) -> Iterator[None]:
+    """Leave the user's module as it was, whatever runs inside: each parameter's ``.grad`` (None stays None; a
+    gradient stays the same tensor with the same values) and ``requires_grad``, its buffers (BatchNorm's running
+    statistics and counter) and every submodule's training flag. Inside, gradients start at None, and the module
+    is in ``training`` mode where that is given."""
+    params = [(p, p.grad, p.requires_grad) for p in module.parameters()]
+    buffers = [
+        (owner, name, b, b.detach().clone()) for owner in module.modules() for name, b in owner.named_buffers(recurse=False)
+    ]
+    modes = [(m, m.training) for m in module.modules()]
+    for p, _, _ in params:
+        p.grad = None  # autograd then makes new gradient tensors: the user's are never written into
+    if training is not None:
+        module.train(training)
     try:
         with torch.enable_grad():
             yield
     finally:
-        for name, p in module.named_parameters():
-            p.grad = grads[name]
+        for p, grad, requires_grad in params:
+            p.grad = grad
+            p.requires_grad_(requires_grad)
         with torch.no_grad():
-            for name, b in module.named_buffers():
-                b.copy_(buffers[name])
+            for owner, name, b, saved in buffers:
+                setattr(owner, name, b)  # a forward may rebind a buffer rather than write into it
+                b.copy_(saved)
+        for m, mode in modes:
+            m.training = mode
