@@ -1,17 +1,29 @@
-"""SDFGs -> loaded binaries, cached by content, the forward and backward compiled side by side."""
+"""SDFGs -> loaded binaries, cached by content, the forward and backward compiled side by side.
+
+Each compile runs in a forked process leading a process group of its own, so that a compile that hangs, an
+interrupt or a failing sibling stops it with everything it started (cmake, ninja, the compiler). A build folder is
+marked finished by its checksum file, written last; one without it, or whose libraries no longer match it, is built
+again, never loaded. A lock per key lets one process build it while another waits and then loads it.
+"""
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import copy
+import ctypes
 import dataclasses
-import io
 import os
 import pathlib
+import pickle
 import re
+import shutil
+import signal
+import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Callable
+from typing import NoReturn
 
 import cmake
 import dace
@@ -25,7 +37,7 @@ from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
 
 from . import cache, events, passes, vecmath
-from .errors import CompileError, first_line
+from .errors import CompileError, DcnbError, describe, first_line
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
 _loaded: dict[str, CompiledSDFG] = {}
@@ -42,25 +54,25 @@ class Built:
 
 def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
     """Run the device's build passes on a copy of each SDFG (None stays None) and compile it for ``device``; a
-    CompileError names the failing SDFG."""
+    CompileError names the failing SDFG, a CacheError the cache that cannot be written."""
     start = time.perf_counter()
+    compiled = False
     with temporary_config(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _configure(device)
         prepared = [(None, None, "") if s is None else _prepare(s, device) for s in sdfgs]
-        todo = [(s, k, args) for s, k, args in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
-        folders = {k: _generate(s, k, device) for s, k, _ in todo}
-        if todo:
-            events.emit("build")
-            _precompile_header([(folders[k], args) for _, k, args in todo])
-            with concurrent.futures.ThreadPoolExecutor(max_workers=len(todo)) as pool:
-                futures = {k: pool.submit(_compile, folders[k], s.name, _config_text(args)) for s, k, args in todo}
-                for k, future in futures.items():
-                    future.result()
+        missing = [(s, k, args) for s, k, args in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
+        if missing:
+            # two processes building the same key would write into the same folder: one builds, the other waits
+            with cache.writing(), cache.locked(_folder(k, s) for s, k, _ in missing):
+                todo = [(s, k, args) for s, k, args in missing if not _on_disk(s, k)]  # built while this one waited?
+                if todo:
+                    _compile(todo, device)
+                    compiled = True
         for s, k, _ in prepared:
             if s is not None and k not in _loaded:
                 _loaded[k] = compiler.load_precompiled_sdfg(_folder(k, s), s)
-    seconds = time.perf_counter() - start if todo else 0.0
+    seconds = time.perf_counter() - start if compiled else 0.0
     return Built(
         binaries=[None if k is None else _loaded[k] for _, k, _ in prepared],
         seconds=seconds,
@@ -146,8 +158,42 @@ def _folder(key: str, sdfg: dace.SDFG):
 
 
 def _on_disk(sdfg: dace.SDFG, key: str) -> bool:
+    """Whether the cache holds a finished build of ``sdfg`` whose libraries are as built: a library cut short or
+    corrupted, or a build that was stopped (no checksum file), is built again rather than loaded."""
     folder = _folder(key, sdfg)
-    return folder.is_dir() and compiler.get_binary_name(folder, sdfg.name).is_file()
+    return cache.intact(folder, compiler.get_binary_name(folder, sdfg.name))
+
+
+#: seconds a step's compiles may take unless ``DCNB_COMPILE_TIMEOUT`` says otherwise
+COMPILE_TIMEOUT = 600.0
+
+
+def compile_timeout() -> float:
+    """Seconds a step's compiles may take before they are stopped: ``DCNB_COMPILE_TIMEOUT``, else 600."""
+    value = os.environ.get("DCNB_COMPILE_TIMEOUT", "").strip()
+    try:
+        seconds = float(value) if value else COMPILE_TIMEOUT
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:
+        raise DcnbError(f"DCNB_COMPILE_TIMEOUT must be a number of seconds above 0, not {value!r}")
+    return seconds
+
+
+def _compile(todo: list[tuple[dace.SDFG, str, str]], device: str) -> None:
+    """Generate the SDFGs' code and compile them side by side, each in a process of its own, within the time
+    limit; then mark each build finished with its libraries' checksums."""
+    for s, k, _ in todo:
+        shutil.rmtree(_folder(k, s), ignore_errors=True)  # what a stopped or corrupted build left is not built upon
+    folders = {k: _generate(s, k, device) for s, k, _ in todo}
+    events.emit("build")
+    limit = compile_timeout()
+    deadline = time.monotonic() + limit
+    _precompile_header([(folders[k], args) for _, k, args in todo], deadline, limit)
+    _apart({s.name: (_compile_folder, folders[k], s.name, args) for s, k, args in todo}, deadline, limit)
+    for s, k, _ in todo:
+        binary = compiler.get_binary_name(_folder(k, s), s.name)
+        cache.record(_folder(k, s), sorted(binary.parent.glob(f"lib*{binary.suffix}")))
 
 
 def _generate(sdfg: dace.SDFG, key: str, device: str):
@@ -194,15 +240,19 @@ def _entry(sdfg: dace.SDFG) -> str:
     )
 
 
-def _precompile_header(builds) -> None:
-    """Build DaCe's precompiled runtime header here, once per set of flags, before the compiles start in parallel.
+def _precompile_header(builds, deadline: float, limit: float) -> None:
+    """Build DaCe's precompiled runtime header once per set of flags, before the compiles start side by side (each
+    would build it otherwise), in a process of its own as they are: a compiler that hangs hangs here first.
 
-    DaCe stages the header under a name made of the process id only, so two threads of one process building it
-    at once write the same file and leave a corrupt header that crashes every later compile (cc1plus segfaults).
-    """
+    DaCe stages the header under a name made of the process id: the compiles, in processes of their own, cannot
+    write the same staging file (two threads of one process did, and left a header that crashed cc1plus)."""
     for targets, args in {(_targets(folder), args) for folder, args in builds}:
-        with _cpu_args(args):
-            compiler.prepare_precompiled_header(dict(targets))
+        _apart({"DaCe's precompiled header": (_prepare_header, dict(targets), args)}, deadline, limit)
+
+
+def _prepare_header(targets: dict, args: str) -> None:
+    with _cpu_args(args):
+        compiler.prepare_precompiled_header(targets)
 
 
 def _targets(folder) -> frozenset:
@@ -221,24 +271,137 @@ def _cpu_args(args: str):
         yield
 
 
-def _config_text(args: str) -> str:
-    """This thread's DaCe configuration, with ``args`` added to the CPU compiler's flags."""
-    with _cpu_args(args):
-        text = io.StringIO()
-        Config.save(file=text)
-        return text.getvalue()
-
-
-def _compile(folder: str, name: str, config: str) -> None:
+def _compile_folder(folder: str, name: str, args: str) -> None:
+    """Configure and compile one program folder: in a forked process, which has the DaCe configuration of the
+    thread that forked it (DaCe's Config is per thread), so the flags set for this build (and in its key)."""
     try:
-        # DaCe's Config is per thread: a new thread starts from the defaults, without the flags set here (and in
-        # the cache key), so the compile thread takes the calling thread's whole configuration
-        with temporary_config():
-            Config.load(file=io.StringIO(config))
+        with _cpu_args(args):
             compiler.configure_and_compile(folder, name)
     except (CompilationError, CompilerConfigurationError) as e:
         log = str(e)
         raise CompileError(f"the generated code does not compile: {_compiler_error(log)}", log=log) from e
+
+
+def _apart(jobs: dict[str, tuple], deadline: float, limit: float) -> dict[str, object]:
+    """Run each job, ``name: (function, *arguments)``, in a process of its own, side by side, and return their
+    results by name. The first error is raised and stops the others; past ``deadline`` (``limit`` seconds after the
+    build started) all are stopped with a CompileError; so they are on an interrupt: no compiler outlives its build,
+    and the folders they leave have no checksum file."""
+    children: dict[str, _Child] = {}
+    try:
+        with _interrupts_deferred():  # an interrupt between a fork and its record here would leave a child unstopped
+            for name, (fn, *args) in jobs.items():
+                children[name] = _Child(fn, *args)
+        results, pending = {}, set(children)
+        while pending:
+            for name in [n for n in sorted(pending) if children[n].done()]:
+                pending.discard(name)
+                results[name] = children[name].result()
+            if pending and time.monotonic() > deadline:
+                raise CompileError(
+                    f"compiling {', '.join(sorted(pending))} timed out after {limit:g} s and was stopped; "
+                    "DCNB_COMPILE_TIMEOUT sets the limit in seconds"
+                )
+            if pending:
+                time.sleep(0.02)
+        return results
+    finally:
+        with _interrupts_deferred():  # a second interrupt while stopping them must not leave one running
+            for child in children.values():
+                child.kill()
+            for child in children.values():
+                child.reap()
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold back an interrupt (SIGINT, Ctrl-C) that comes during the block and deliver it at its end; on the main
+    thread only, the one Python delivers signals to."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)  # now handled as it would have been (KeyboardInterrupt, by default)
+
+
+class _Child:
+    """``fn(*args)`` in a forked process leading a process group of its own, so that it and every process it
+    starts (cmake, ninja, the compiler) are killed together. Its result or exception comes back pickled."""
+
+    def __init__(self, fn: Callable, *args):
+        # a file, not a pipe: a long compiler log cannot block the child (closed in reap)
+        self._outcome = tempfile.TemporaryFile()  # noqa: SIM115
+        self.status: int | None = None
+        parent = os.getpid()
+        self.pid = os.fork()
+        if self.pid == 0:
+            _child(parent, self._outcome, fn, args)
+        with contextlib.suppress(OSError):
+            os.setpgid(self.pid, self.pid)  # here too, as shells do: a kill right after the fork finds the group
+
+    def done(self) -> bool:
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = status
+        return self.status is not None
+
+    def result(self) -> object:
+        self._outcome.seek(0)
+        data = self._outcome.read()
+        if not data:
+            ended = f"signal {os.WTERMSIG(self.status)}" if os.WIFSIGNALED(self.status) else "no result"
+            raise CompileError(f"the compile process ended without a result ({ended})")
+        kind, value = pickle.loads(data)
+        if kind == "error":
+            raise value
+        return value
+
+    def kill(self) -> None:
+        if self.status is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def reap(self) -> None:
+        if self.status is None:
+            _, self.status = os.waitpid(self.pid, 0)
+        self._outcome.close()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have Linux signal this process when the thread that forked it ends, and stop the whole process group then: a
+    Python killed outright (a kernel restarted) leaves no compile running on."""
+    with contextlib.suppress(Exception):
+        signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent ended before the call
+            os.killpg(0, signal.SIGKILL)
+
+
+def _child(parent: int, outcome, fn: Callable, args: tuple) -> NoReturn:
+    """The forked process: run ``fn``, write ``("ok", result)`` or ``("error", exception)`` and exit, never
+    returning into the caller's code."""
+    try:
+        os.setpgid(0, 0)
+        _die_with_parent(parent)
+        try:
+            result = ("ok", fn(*args))
+        except BaseException as e:  # noqa: BLE001 -- every outcome goes back to the parent
+            result = ("error", e)
+        try:
+            data = pickle.dumps(result)
+        except Exception as e:  # noqa: BLE001 -- an exception that does not pickle comes back as its description
+            data = pickle.dumps(("error", RuntimeError(describe(result[1] if result[0] == "error" else e))))
+        outcome.write(data)
+        outcome.flush()
+    finally:
+        os._exit(0)
 
 
 def _compiler_error(log: str) -> str:

@@ -1,17 +1,26 @@
-"""Content keys for builds: the SDFG's hash plus everything else that changes the binary."""
+"""Content keys for builds: the SDFG's hash plus everything else that changes the binary; and the cache's own
+files: a checksum file marking a build finished, a lock per build."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import functools
 import hashlib
 import os
 import pathlib
 import platform
+from collections.abc import Iterable, Iterator
 
 import dace
 
 from . import fixes
+from .errors import CacheError
 from .version import VERSION
+
+#: in a build folder, written last: the sha256 of each library built there (sha256sum's format)
+CHECKSUMS = "dcnb.sha256"
 
 
 def root() -> pathlib.Path:
@@ -45,3 +54,70 @@ def _fixes_digest() -> str:
     for module in fixes.FAMILIES + (fixes.cpp, fixes.registry):
         digest.update(pathlib.Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def record(folder: pathlib.Path, files: Iterable[pathlib.Path]) -> None:
+    """Mark the build in ``folder`` finished: the checksum of each of its ``files``, written last."""
+    text = "".join(f"{_sha256(f)}  {f.relative_to(folder)}\n" for f in files)
+    staging = folder / f"{CHECKSUMS}.{os.getpid()}"
+    staging.write_text(text)
+    os.replace(staging, folder / CHECKSUMS)  # atomic: a build stopped before this line leaves no checksum file
+
+
+def intact(folder: pathlib.Path, binary: pathlib.Path) -> bool:
+    """Whether ``folder`` holds a finished build of ``binary``: its checksum file lists the binary, and every file
+    it lists is unchanged (a truncated or corrupted library is not; a build that was stopped has no such file)."""
+    try:
+        listed = {}
+        for line in (folder / CHECKSUMS).read_text().splitlines():
+            digest, name = line.split("  ", 1)
+            listed[name] = digest
+        return binary.relative_to(folder).as_posix() in listed and all(
+            _sha256(folder / name) == digest for name, digest in listed.items()
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def _sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def locked(folders: Iterable[pathlib.Path]) -> Iterator[None]:
+    """Hold the lock of each build folder (an flock on ``<folder>.lock``) for the block: one process builds a key,
+    another that wants it waits, then finds it built."""
+    with contextlib.ExitStack() as stack:
+        for folder in sorted(set(folders)):  # one order in every process: two taking the same locks cannot deadlock
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            lock = stack.enter_context(open(folder.with_name(folder.name + ".lock"), "a"))
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+#: what writing into a directory that is read-only, full or not a directory at all fails with
+_UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.ENOENT}
+
+
+@contextlib.contextmanager
+def writing() -> Iterator[None]:
+    """For the block, which writes into the cache: an OSError saying that the cache cannot be written becomes a
+    CacheError naming it and saying how to pick another (the user can act on that; a raw OSError they cannot)."""
+    try:
+        yield
+    except OSError as e:
+        folder = root().absolute()
+        path = pathlib.Path(e.filename).absolute() if e.filename else None
+        concerns_cache = path is not None and (path == folder or folder in path.parents or path in folder.parents)
+        full = path is None and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        if e.errno not in _UNWRITABLE or not (concerns_cache or full):
+            raise
+        where = f" ({e.filename})" if path is not None and path != folder else ""
+        raise CacheError(
+            f"dcnb cannot write its build cache {folder}: {e.strerror or e}{where}; set DCNB_CACHE to a writable "
+            "directory with free space to use another"
+        ) from e

@@ -32,6 +32,11 @@ class StepError(DcnbError):
     """A transformation cannot be applied here."""
 
 
+class CacheError(DcnbError):
+    """The build cache cannot be written (read-only, full, not a directory); the message names it and says that
+    ``DCNB_CACHE`` picks another."""
+
+
 def check(condition: object, message: str) -> None:
     """Raise StepError(message) unless condition holds."""
     if not condition:

@@ -1,6 +1,7 @@
 """Builds from a cold machine: nothing cached, neither dcnb's builds nor DaCe's precompiled header."""
 
-import threading
+import os
+import time
 
 import pytest
 import torch
@@ -15,19 +16,26 @@ pytestmark = pytest.mark.compile
 def test_a_cold_build_cache_prepares_the_precompiled_header_before_the_parallel_compiles(
     fresh_cache, tmp_path, monkeypatch
 ):
-    # DaCe stages its precompiled header under the process id: two threads building it at once corrupted it
+    # DaCe stages its precompiled header under the process id: two threads building it at once corrupted it. The
+    # compiles now run in processes of their own (stoppable), the header first, once, before them
     monkeypatch.setenv("DACE_BUILD_CACHE_DIR", str(tmp_path / "dace"))
-    threads = []
+    calls = tmp_path / "calls"
     prepare = compiler.prepare_precompiled_header
 
     def spy(targets):
-        threads.append(threading.current_thread())
-        return prepare(targets)
+        start = time.time()
+        result = prepare(targets)
+        with open(calls, "a") as f:  # the calls happen in the compile processes: they report through a file
+            f.write(f"{os.getpid()} {start} {time.time()}\n")
+        return result
 
     monkeypatch.setattr(compiler, "prepare_precompiled_header", spy)
     session = dcnb.optimize(Mish(), torch.rand(2, 3, 5, 7), baselines=(), time_budget=0.05)
     assert session.current.ok and session.current.compile_seconds > 0
-    assert threads[0] is threading.current_thread()
+    lines = [line.split() for line in calls.read_text().splitlines()]
+    header, *compiles = sorted((float(start), float(end), int(pid)) for pid, start, end in lines)
+    assert len(compiles) == 2 and len({header[2], *(c[2] for c in compiles)} - {os.getpid()}) == 3
+    assert all(header[1] <= c[0] for c in compiles)  # ready before either compile asks for it
     assert len(list((tmp_path / "dace").rglob("pch/*/*.gch"))) == 1
 
 
