@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import keyword
 import pathlib
 import re
 import time
@@ -20,8 +21,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from torch import nn
 
-from . import formatters
-from .errors import CompileError, DcnbError, describe
+from . import formatters, probe
+from .errors import CompileError, DcnbError, InputError, describe
 from .recipe import Entry
 from .recipe import parse as parse_recipe
 from .recipe import replay as replay_recipe
@@ -32,6 +33,13 @@ from .record import BASELINES
 class DcnbMagics(Magics):
     @magic_arguments()
     @argument("--inputs", metavar="EXPR", nargs="+", help="example inputs: a tensor or a tuple of tensors (their shapes are compiled in)")
+    @argument(
+        "--kwargs",
+        metavar="EXPR",
+        nargs="+",
+        default=[],
+        help="keyword inputs, as in a call: 'attention_mask=mask, return_dict=False' (tensors are inputs, other values compiled in)",
+    )
     @argument("--class", dest="cls", metavar="NAME", help="the nn.Module class to optimize, if the cell defines several")
     @argument("--args", metavar="EXPR", nargs="+", default=[], help="constructor arguments, as in a call: '16, bias=False'")
     @argument("--no-backward", action="store_true", help="build the forward pass only")
@@ -55,27 +63,32 @@ class DcnbMagics(Magics):
         session's widget and binds the session to a variable (``--as``; default: the class name in snake case
         with ``_opt``, e.g. ``mish_opt``).
         """
-        args = self.dcoptimize.parser.parse_args(_split(line))
-        # an expression may have spaced out into several arguments
-        args.inputs = None if args.inputs is None else " ".join(args.inputs)
-        args.args = " ".join(args.args)
+        tokens = _split(line)
+        try:
+            args, bad_line = self.dcoptimize.parser.parse_args(tokens), None
+        except UsageError as e:  # said after the cell has run, so that its definitions are there all the same
+            args, bad_line = None, _unparsed(str(e), tokens)
         shell = self.shell
         before = dict(shell.user_ns)
         result = shell.run_cell(cell)
         if not result.success:
             # the cell's own error is shown above, as for any cell; the cell still fails, so "run all" stops
             raise UsageError("The cell raised an error (above), so there is nothing to optimize yet.")
+        if args is None:
+            raise UsageError(bad_line)
+        # an expression may have spaced out into several arguments
+        args.inputs = None if args.inputs is None else " ".join(args.inputs)
+        args.args = " ".join(args.args)
+        args.kwargs = " ".join(args.kwargs)
+        _check_options(args)
         cls = _pick_class(before, shell.user_ns, args.cls)
         variable = args.variable or _snake(cls.__name__) + "_opt"
-        if not variable.isidentifier():
-            raise UsageError(f"--as {variable!r} is not a Python identifier.")
+        _check_variable(variable, shell.user_ns, given=args.variable is not None)
         inputs = _inputs(args.inputs, shell.user_ns, cls)
+        kwargs = _keywords(args.kwargs, shell.user_ns)
         module = _instantiate(cls, args.args, shell.user_ns)
         recipe = _recipe(args.recipe) if args.recipe else []
         baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
-        for b in baselines:
-            if b not in BASELINES:
-                raise UsageError(f"--baselines: {b!r} is not a baseline; choose from {', '.join(BASELINES)}.")
         return _build(
             cls.__name__,
             module,
@@ -83,6 +96,7 @@ class DcnbMagics(Magics):
             variable,
             shell.user_ns,
             recipe=recipe,
+            kwargs=kwargs,
             backward=not args.no_backward,
             training=args.training,
             device=args.device,
@@ -114,7 +128,11 @@ def _build(
         raise UsageError(f"{name}: {e} (the compiler's log is above).") from None
     except DcnbError as e:
         line.close()
-        raise UsageError(f"{name}: {e}") from None
+        # where the user's forward raised on the example inputs, the line that did
+        cause = e.__cause__ if isinstance(e, InputError) else None
+        where = "" if cause is None else probe.user_line(cause.__traceback__)
+        text = str(e) if str(e).startswith(name) else f"{name}: {e}"  # (not "Mish: Mish has ...")
+        raise UsageError(text + where) from None
     except Exception as e:  # a crash inside the exporter or DaCe: still one paragraph, naming where to look
         line.close()
         raise UsageError(
@@ -154,6 +172,45 @@ class _ProgressLine:
             self.handle = None
 
 
+def _unparsed(message: str, tokens: list[str]) -> str:
+    """argparse's complaint about the magic's line, as one sentence that names the option."""
+    flags = ("--no-backward", "--training")
+    extra = message.removeprefix("unrecognized arguments: ").split() if message.startswith("unrecognized") else []
+    for flag in flags:
+        if flag in tokens and tokens.index(flag) + 1 < len(tokens) and tokens[tokens.index(flag) + 1] in extra:
+            return f"{flag} takes no value (got {tokens[tokens.index(flag) + 1]!r}): it is on where it is given."
+    return f"%%dcoptimize: {message} (%%dcoptimize? lists the options)."
+
+
+def _check_options(args: Any) -> None:
+    """What the parser lets through: a time budget that is no budget, baselines that are none, a missing GPU."""
+    budget = args.time_budget
+    if not 0 <= budget < float("inf"):
+        raise UsageError(f"--time-budget {budget:g}: give the seconds of timing per step, e.g. 2 (0: the fewest runs).")
+    for b in (b.strip() for b in args.baselines.split(",")):
+        if b and b not in BASELINES:
+            raise UsageError(f"--baselines: {b!r} is not a baseline; choose from {', '.join(BASELINES)} (or '' for none).")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: PyTorch sees no CUDA device here; use --device cpu (or auto, which picks one).")
+
+
+def _check_variable(variable: str, namespace: dict[str, Any], *, given: bool) -> None:
+    """The session's variable must be a name, and must not replace anything but an earlier session."""
+    from .session import Session
+
+    option = f"--as {variable}" if given else f"The session's variable {variable}"
+    if not variable.isidentifier():
+        raise UsageError(f"{option}: {variable!r} is not a Python identifier.")
+    if keyword.iskeyword(variable):
+        raise UsageError(f"{option}: {variable!r} is a Python keyword, which no variable can be named.")
+    held = namespace.get(variable)
+    if held is not None and not isinstance(held, Session):
+        raise UsageError(
+            f"{option} would replace {variable} (a {type(held).__name__}) in the notebook; "
+            + ("choose another name." if given else "name the session's variable with --as VAR.")
+        )
+
+
 def _pick_class(before: dict[str, Any], after: dict[str, Any], wanted: str | None) -> type[nn.Module]:
     if wanted is not None:
         cls = after.get(wanted)
@@ -187,12 +244,25 @@ def _inputs(expr: str | None, namespace: dict[str, Any], cls: type) -> tuple[tor
     except Exception as e:
         raise UsageError(f"--inputs {expr!r} does not evaluate: {type(e).__name__}: {e}") from None
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not values:
+        raise UsageError(f"--inputs {expr!r} gives no inputs; {cls.__name__} needs at least one example tensor.")
     for i, v in enumerate(values):
         if not isinstance(v, torch.Tensor):
             raise UsageError(
                 f"--inputs {expr!r}: input {i} is a {type(v).__name__}; the example inputs must be torch tensors."
             )
     return values
+
+
+def _keywords(expr: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    if not expr:
+        return {}
+    try:
+        return eval(f"(lambda **k: k)({expr})", namespace)  # noqa: S307 (the user's own expression, as in any cell)
+    except Exception as e:
+        raise UsageError(
+            f"--kwargs {expr!r} does not evaluate as keyword arguments (name=value, ...): {type(e).__name__}: {e}"
+        ) from None
 
 
 def _instantiate(cls: type[nn.Module], args: str, namespace: dict[str, Any]) -> nn.Module:
@@ -217,9 +287,18 @@ def _recipe(path: str) -> list[Entry]:
     except json.JSONDecodeError as e:
         raise UsageError(f"--recipe {path} is not JSON: {e}.") from None
     try:
-        return parse_recipe(data)
+        entries = parse_recipe(data)
     except DcnbError as e:
         raise UsageError(f"--recipe {path} is not a recipe: {e}.") from None
+    from .steps import REGISTRY  # (imports DaCe: not before a recipe is asked for)
+
+    for i, entry in enumerate(entries):
+        if entry.name not in REGISTRY:
+            raise UsageError(
+                f"--recipe {path}: step {i + 1} is {entry.name!r}, which is not an action of this dcnb; "
+                f"the actions are {', '.join(REGISTRY)}."
+            )
+    return entries
 
 
 def _split(line: str) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .timing import Timing
+from .timing import NOISE_NOTE, Timing
 from .verify import Check
 
 MIB = 1 << 20
@@ -184,6 +184,8 @@ def tabulate_history(steps: list[Step], current: int | None = None) -> Table:
         if not s.ok:
             rows.append(Row((str(s.index), s.title, "no", s.error or ""), ok=False, current=s.index == current))
             continue
+        # a ratio that the step's notes call noise says so beside it
+        noise = " (noise)" if s.speedup() is not None and any(n.startswith(NOISE_NOTE) for n in s.notes) else ""
         cells = (
             str(s.index),
             s.title,
@@ -192,7 +194,7 @@ def tabulate_history(steps: list[Step], current: int | None = None) -> Table:
             _num(None if s.intermediate_bytes is None else s.intermediate_bytes / MIB, "{:.2f}"),
             _num(s.compile_seconds, "{:.1f}"),
             *(_num(s.timings[n].median if n in s.timings else None, "{:.3f}") for n in NAMES),
-            _num(s.speedup(), "{:.2f}x"),
+            _num(s.speedup(), "{:.2f}x") + noise,
         )
         rows.append(Row(cells, current=s.index == current))
     return Table("history", HISTORY_COLUMNS, tuple(rows), left=(1,))

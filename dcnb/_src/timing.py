@@ -1,9 +1,11 @@
-"""Interleaved timing of several callables, with IPython %timeit's statistics (times in milliseconds)."""
+"""Interleaved timing of several callables, with IPython %timeit's statistics (times in milliseconds), and what
+says that a timing is noise rather than a result (``noise``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -21,9 +23,13 @@ class Timing:
     stdev: float
     max: float
     runs: int
+    #: the first and third quartiles: the middle half of the runs lies between them (None where not measured)
+    q1: float | None = None
+    q3: float | None = None
 
     @classmethod
     def of(cls, samples_ms: list[float]) -> Timing:
+        quartiles = statistics.quantiles(samples_ms, n=4, method="inclusive") if len(samples_ms) > 1 else None
         return cls(
             min=min(samples_ms),
             mean=statistics.fmean(samples_ms),
@@ -31,7 +37,65 @@ class Timing:
             stdev=statistics.stdev(samples_ms) if len(samples_ms) > 1 else 0.0,
             max=max(samples_ms),
             runs=len(samples_ms),
+            q1=samples_ms[0] if quartiles is None else quartiles[0],
+            q3=samples_ms[0] if quartiles is None else quartiles[2],
         )
+
+    @property
+    def spread(self) -> float | None:
+        """The interquartile range over the median: 0.1 where the middle half of the runs spans 10% of it."""
+        if self.q1 is None or self.q3 is None or self.median <= 0:
+            return None
+        return (self.q3 - self.q1) / self.median
+
+    def overlaps(self, other: Timing) -> bool:
+        """Whether the middle halves of the two runs overlap: which is faster is then within their variation."""
+        return None not in (self.q1, self.q3, other.q1, other.q3) and self.q1 <= other.q3 and other.q1 <= self.q3
+
+
+#: a candidate whose runs' middle half spreads wider than this share of their median makes its step's ratios noise
+#: (the ratios are shown to two digits; a few runs far off, a page fault or a timer tick, do not count)
+NOISY_SPREAD = 0.25
+#: how the views and notes begin what ``noise`` says, so that the history can mark the step's ratio
+NOISE_NOTE = "timing is noise"
+
+
+def noise(timings: dict[str, Timing], *, load: float | None = None, cores: int | None = None) -> tuple[str, ...]:
+    """Notes saying why the ratios between ``timings`` may be noise rather than a result; none where nothing does.
+
+    Two things do. Runs that vary widely (their interquartile range over ``NOISY_SPREAD`` of their median): dcnb's
+    always (every ratio, and every comparison with another step, reads them), a baseline's where the middle half of
+    its runs overlaps dcnb's (a baseline 15x faster than dcnb is so however its runs vary). And a machine busier than
+    it has cores (``load``, the 1-minute load average, above ``cores``), where whatever else runs takes turns with
+    the candidates.
+    """
+    notes = []
+    dcnb = timings.get("dcnb")
+    wide = [
+        (name, t.spread)
+        for name, t in timings.items()
+        if t.spread is not None and t.spread > NOISY_SPREAD and (name == "dcnb" or dcnb is None or t.overlaps(dcnb))
+    ]
+    if wide:
+        which = ", ".join(f"{name} {s:.0%}" for name, s in wide)
+        notes.append(
+            f"{NOISE_NOTE}: the runs vary more than the ratio can tell apart (interquartile range over median: "
+            f"{which}); undo and apply the step again to measure it again"
+        )
+    if load is not None and cores and load > cores:
+        notes.append(
+            f"{NOISE_NOTE}: the machine was busy while timing (load average {load:.1f} on {cores} cores); "
+            "the ratios may be off: apply the step again when it is idle"
+        )
+    return tuple(notes)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, where the system tells it."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 def interleaved(

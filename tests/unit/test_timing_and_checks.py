@@ -51,6 +51,57 @@ def test_timing_statistics():
     assert math.isclose(t.mean, 4.0)
 
 
+def test_quartiles_say_how_far_apart_the_middle_half_of_the_runs_lies():
+    t = timing.Timing.of([1.0, 2.0, 3.0, 10.0])
+    assert (t.q1, t.q3) == (1.75, 4.75) and math.isclose(t.spread, 3.0 / 2.5)
+    assert timing.Timing.of([2.0]).spread == 0.0
+    # timings made without quartiles (older records) say nothing about their spread
+    assert timing.Timing(1.0, 1.0, 1.0, 0.0, 1.0, 1).spread is None
+
+
+def _runs(median: float, spread: float, n: int = 20) -> timing.Timing:
+    """Synthetic rounds: ``n`` runs spaced evenly so that their middle half spans ``spread`` of ``median``."""
+    step = median * spread / ((n - 1) / 2)  # the quartiles lie (n - 1) / 2 runs apart
+    return timing.Timing.of([median + (i - (n - 1) / 2) * step for i in range(n)])
+
+
+def test_runs_that_vary_widely_make_the_ratio_noise():
+    steady = {"dcnb": _runs(1.0, 0.05), "torch": _runs(1.2, 0.05)}
+    assert timing.noise(steady, load=0.5, cores=2) == ()
+    # dcnb's own runs, which every ratio and every comparison between steps reads
+    (note,) = timing.noise({**steady, "dcnb": _runs(1.0, 0.4)}, load=0.5, cores=2)
+    assert note.startswith(timing.NOISE_NOTE) and "dcnb 40%" in note and "torch" not in note
+    # a baseline's runs, where they reach dcnb's: which is faster is within their variation
+    (note,) = timing.noise({**steady, "torch": _runs(1.1, 0.5)}, load=0.5, cores=2)
+    assert "torch 50%" in note and "dcnb" not in note.split("(")[1]
+    # ... not where the baseline is far from dcnb however its runs vary (torch eager 15x faster, 34% spread)
+    assert timing.noise({"dcnb": _runs(10.0, 0.03), "torch": _runs(0.7, 0.34)}, load=0.5, cores=2) == ()
+    # a few runs far off (a page fault, a timer tick: here one in eight) leave the middle half as it was
+    spikes = timing.Timing.of([1.0, 1.01, 1.02, 1.0, 1.01, 1.02, 1.01, 5.0] * 3)
+    assert timing.noise({"dcnb": spikes, "torch": _runs(1.5, 0.05)}) == ()
+
+
+def test_a_busy_machine_makes_the_ratio_noise():
+    steady = {"dcnb": _runs(1.0, 0.05), "torch": _runs(1.2, 0.05)}
+    (note,) = timing.noise(steady, load=3.4, cores=2)
+    assert note == (
+        "timing is noise: the machine was busy while timing (load average 3.4 on 2 cores); the ratios may be off: "
+        "apply the step again when it is idle"
+    )
+    assert timing.noise(steady, load=2.0, cores=2) == () and timing.noise(steady, load=None, cores=2) == ()
+    assert len(timing.noise({"dcnb": _runs(1.0, 0.4)}, load=9.0, cores=2)) == 2
+
+
+def test_a_noisy_step_says_so_beside_its_ratio():
+    timings = {"dcnb": _runs(1.0, 0.4), "torch": _runs(2.0, 0.05)}
+    notes = timing.noise(timings)
+    noisy = record.Step(1, "map_fusion", {}, None, ok=True, timings=timings, notes=notes)
+    steady = record.Step(0, "naive", {}, None, ok=True, timings={"dcnb": _runs(1.0, 0.05), "torch": _runs(2.0, 0.05)})
+    assert f"note: {notes[0]}" in noisy.as_text()
+    naive, fused = record.history_table([steady, noisy])[2:]
+    assert naive.rstrip(" |").endswith("2.00x") and fused.rstrip(" |").endswith("2.00x (noise)")
+
+
 def test_compare_scales_tolerance_by_magnitude_and_names_the_worst():
     want = verify.Run({"output": torch.tensor([1000.0, 1.0]), "grad x": torch.tensor([1.0, 2.0])})
     close = verify.Run({"output": torch.tensor([1000.05, 1.0]), "grad x": torch.tensor([1.0, 2.0])})
