@@ -26,7 +26,9 @@ from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node, has_onnx_node
 from torch import nn
 
+from . import structure
 from .errors import DcnbError, UnsupportedOpError, first_line
+from .structure import Call
 
 OPSET = 18
 
@@ -53,15 +55,21 @@ class Imported:
     buffer_updates: dict[str, str] = dataclasses.field(default_factory=dict)
     #: paths of the counters a forward call increments (BatchNorm's ``num_batches_tracked``)
     counters: list[str] = dataclasses.field(default_factory=list)
+    #: SDFG array name of an nn.Embedding's weight -> its padding row, which gets no gradient in PyTorch
+    padding_rows: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def import_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, training: bool) -> Imported:
-    """Export ``module`` to ONNX and import it into a single-state forward SDFG."""
+def import_module(
+    module: nn.Module, inputs: tuple[torch.Tensor, ...], *, training: bool, call: Call | None = None
+) -> Imported:
+    """Export ``module`` to ONNX and import it into a single-state forward SDFG. ``call`` says which of ``inputs``
+    go by keyword (default: all positional)."""
+    call = call or Call(len(inputs))
     name = _sdfg_name(module)
-    input_names = _input_names(module, len(inputs))
+    input_names = _input_names(module, call)
     named = dict(module.named_parameters())
     named.update(module.named_buffers())
-    model_proto = _export(module, inputs, input_names, training)
+    model_proto = _export(module, inputs, call, input_names, training)
     # the graph keeps parameters as inputs; drop their initializers so onnxsim cannot fold them
     for i in reversed(range(len(model_proto.graph.initializer))):
         if model_proto.graph.initializer[i].name in named:
@@ -71,10 +79,15 @@ def import_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, traini
         warnings.simplefilter("ignore")
         # simplified first, so that shape arithmetic (Shape, Gather, Mod, ...) is folded before ops are checked
         model_proto = simplify_onnx_model(infer_shapes_onnx_model(model_proto), auto_merge=False)
-        _check_supported(model_proto, module, inputs, input_names, training)
+        _check_supported(model_proto, module, inputs, call, input_names, training)
         model = ONNXModel(name, model_proto, onnx_simplify=False)
-        _check_covered(model.sdfg, model_proto, module, inputs, input_names, training)
+        _check_covered(model.sdfg, model_proto, module, inputs, call, input_names, training)
     graph_inputs = set(model.inputs)
+    padding = {
+        f"{path}.weight" if path else "weight": sub.padding_idx
+        for path, sub in module.named_modules()
+        if isinstance(sub, nn.Embedding) and sub.padding_idx is not None
+    }
     # the importer renames the graph's outputs to __return or __return_<i>, in order
     renamed = dict(zip((o.name for o in model_proto.graph.output), model.outputs))
     return Imported(
@@ -88,6 +101,7 @@ def import_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, traini
         ops=[node.op_type for node in model_proto.graph.node],
         buffer_updates={clean_onnx_name(renamed[n]): path for n, path in updates.items()},
         counters=sorted({f"{path.rpartition('.')[0]}.num_batches_tracked" for path in updates.values()} & set(named)),
+        padding_rows={clean_onnx_name(n): padding[n] for n in named if n in graph_inputs and n in padding},
     )
 
 
@@ -126,8 +140,9 @@ def _sdfg_name(module: nn.Module) -> str:
     return name if name[:1].isalpha() else "m_" + name
 
 
-def _input_names(module: nn.Module, count: int) -> list[str]:
-    """Names of forward()'s parameters, so that the graphs show ``x`` rather than ``input_0``."""
+def _input_names(module: nn.Module, call: Call) -> list[str]:
+    """Names of forward()'s parameters and of the keyword inputs, so that the graphs show ``x`` and
+    ``attention_mask`` rather than ``input_0``."""
     try:
         params = [
             p.name
@@ -139,15 +154,18 @@ def _input_names(module: nn.Module, count: int) -> list[str]:
     taken = {n.split(".")[0] for n, _ in module.named_parameters()} | {
         n.split(".")[0] for n, _ in module.named_buffers()
     }
-    names = []
-    for i in range(count):
-        candidate = params[i] if i < len(params) else f"input_{i}"
-        names.append(candidate if candidate not in taken else f"input_{i}")
-    return names
+    candidates = [params[i] if i < len(params) else f"input_{i}" for i in range(call.positional)]
+    candidates += call.keywords
+    return [c if c not in taken and c.isidentifier() else f"input_{i}" for i, c in enumerate(candidates)]
 
 
 def _export(
-    module: nn.Module, inputs: tuple[torch.Tensor, ...], input_names: list[str], training: bool, verbose: bool = False
+    module: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    call: Call,
+    input_names: list[str],
+    training: bool,
+    verbose: bool = False,
 ) -> onnx.ModelProto:
     buffer = io.BytesIO()
     # export() runs forward once; in training mode that would move BatchNorm's running statistics
@@ -156,7 +174,7 @@ def _export(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                _positional(module),
+                _flat(module, call),
                 tuple(inputs),
                 buffer,
                 input_names=input_names,
@@ -182,15 +200,17 @@ def _export(
     return onnx.load_from_string(buffer.getvalue())
 
 
-def _positional(module: nn.Module) -> nn.Module:
-    """The module with a forward that takes exactly the positional inputs given.
+def _flat(module: nn.Module, call: Call) -> nn.Module:
+    """The module with a forward that takes exactly the example's tensors, in the compiled order, and returns the
+    tensors of its result (nested in dicts, dataclasses, ...) as a flat tuple, in ``structure.leaves``' order.
 
     The exporter appends forward()'s keyword defaults to the traced inputs and the tracer turns them into
     tensors, so a flag such as TransformerEncoderLayer's ``is_causal=False`` reached its function as a Tensor.
     The shallow copy shares the parameters, buffers and submodules, so their names stay those of the module.
     """
     exported = copy.copy(module)
-    exported.forward = lambda *args: type(module).forward(exported, *args)
+    forward = lambda *args, **kwargs: type(module).forward(exported, *args, **kwargs)  # noqa: E731
+    exported.forward = lambda *tensors: tuple(structure.leaves(call.invoke(forward, tensors)))
     return exported
 
 
@@ -198,6 +218,7 @@ def _check_supported(
     model: onnx.ModelProto,
     module: nn.Module,
     inputs: tuple[torch.Tensor, ...],
+    call: Call,
     input_names: list[str],
     training: bool,
 ) -> None:
@@ -208,7 +229,7 @@ def _check_supported(
             continue
         if has_onnx_node(node.op_type) and get_onnx_node(node.op_type).implementations:
             continue
-        where = _torch_source(module, inputs, input_names, training, node.name)
+        where = _torch_source(module, inputs, call, input_names, training, node.name)
         raise UnsupportedOpError(
             f"DaCe has no implementation of the ONNX op {node.op_type}"
             + (f", which comes from {where}" if where else "")
@@ -223,6 +244,7 @@ def _check_covered(
     model: onnx.ModelProto,
     module: nn.Module,
     inputs: tuple[torch.Tensor, ...],
+    call: Call,
     input_names: list[str],
     training: bool,
 ) -> None:
@@ -237,7 +259,7 @@ def _check_covered(
             continue
         proto = next((n for n in model.graph.node if clean_onnx_name(n.name) == node.label), None)
         attributes = ", ".join(f"{a.name}={_attribute(a)}" for a in proto.attribute) if proto else ""
-        where = _torch_source(module, inputs, input_names, training, proto.name) if proto else None
+        where = _torch_source(module, inputs, call, input_names, training, proto.name) if proto else None
         raise UnsupportedOpError(
             f"DaCe's implementation of the ONNX op {node.schema.name} does not cover it as used here"
             + (f" ({attributes})" if attributes else "")
@@ -256,10 +278,15 @@ def _attribute(attribute: onnx.AttributeProto) -> str:
 
 
 def _torch_source(
-    module: nn.Module, inputs: tuple[torch.Tensor, ...], input_names: list[str], training: bool, onnx_name: str
+    module: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    call: Call,
+    input_names: list[str],
+    training: bool,
+    onnx_name: str,
 ) -> str | None:
     """The Python line that produced ONNX node ``onnx_name``, read off the exporter's verbose graph."""
-    log = _capture_fds(lambda: _export(module, inputs, input_names, training, verbose=True))
+    log = _capture_fds(lambda: _export(module, inputs, call, input_names, training, verbose=True))
     for line in log.splitlines():
         if f'onnx_name="{onnx_name}"' not in line:
             continue

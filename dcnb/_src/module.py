@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,7 +12,7 @@ from dace import data as dt
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from torch import nn
 
-from . import dace_internals, memory, native
+from . import dace_internals, memory, native, structure
 from .build import entry_name
 from .errors import InputError
 from .frontend import Imported
@@ -261,11 +262,22 @@ class DcnbModule(nn.Module):
     The compiled code has the example inputs' shapes baked in, and the training/eval mode the session was built in.
     """
 
-    def __init__(self, module: nn.Module, runner: Runner, example: list[torch.Tensor], output_shapes: list):
+    def __init__(
+        self,
+        module: nn.Module,
+        runner: Runner,
+        example: list[torch.Tensor],
+        output_shapes: list,
+        call: structure.Call,
+        result: Any,
+    ):
         super().__init__()
         self.module = module
         self._runner = runner
         self._example = [(t.shape, t.dtype) for t in example]
+        self._call = call
+        #: the structure of the module's result (structure.skeleton), filled with the compiled outputs
+        self._result = result
         self._output_shapes = output_shapes
         # the compiled code's output shapes differ where PyTorch's are 0-d (the SDFG's are (1,))
         self._reshape = [tuple(s) for _, s, _ in runner.outputs] != [tuple(s) for s in output_shapes]
@@ -273,9 +285,11 @@ class DcnbModule(nn.Module):
         imported = runner.imported
         self._used = [i for i, name in enumerate(imported.all_inputs) if name in set(imported.inputs)]
 
-    def forward(self, *inputs: torch.Tensor):
-        if len(inputs) != len(self._example):
-            raise InputError(f"{type(self.module).__name__} was compiled for {len(self._example)} inputs, got {len(inputs)}")
+    def forward(self, *args: torch.Tensor, **kwargs: Any):
+        try:
+            inputs = self._call.tensors(args, kwargs)
+        except InputError as e:
+            raise InputError(f"{type(self.module).__name__} was {e}") from None
         for i, (t, (shape, dtype)) in enumerate(zip(inputs, self._example)):
             if t.shape != shape or t.dtype != dtype:
                 raise InputError(
@@ -287,7 +301,7 @@ class DcnbModule(nn.Module):
         self._write_back(buffers)
         if self._reshape:
             outputs = [o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return structure.fill(self._result, outputs)
 
     def _write_back(self, buffers: dict[str, torch.Tensor]) -> None:
         """What PyTorch's training-mode forward does to the module's buffers: new running statistics, counters."""

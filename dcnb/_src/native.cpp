@@ -136,9 +136,13 @@ struct Plan : torch::CustomClassHolder {
   py::object binaries;  // the CompiledSDFGs: their code must outlive every graph that calls it
 
   ~Plan() override {
-    if (Py_IsInitialized()) {
+    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
       py::gil_scoped_acquire gil;
       binaries = py::object();
+    } else {
+      // a graph that outlived the interpreter (an output kept in a global): without a GIL to take, the reference
+      // is let go of, not dropped (pybind11 aborts the process on a dec_ref without the GIL)
+      binaries.release();
     }
   }
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import dace
@@ -14,7 +15,7 @@ from torch import nn
 
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import events, native, passes, program, steps, timing, verify
+from . import events, native, passes, probe, program, steps, structure, timing, verify
 from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
@@ -47,6 +48,7 @@ class Session:
         module: nn.Module,
         inputs: Sequence[torch.Tensor],
         *,
+        kwargs: Mapping[str, Any] | None = None,
         backward: bool = True,
         training: bool = False,
         device: str = "auto",
@@ -54,8 +56,18 @@ class Session:
         time_budget: float = 1.0,
         progress: Callable[[str], None] | None = None,
     ):
-        inputs = _check_inputs(module, inputs)
+        self._call = _check_call(module, inputs, kwargs or {})
+        inputs = _check_inputs(module, self._call.tensors(inputs, kwargs or {}))
         self.device = _device(device)
+        budget_ok = isinstance(time_budget, (int, float)) and not isinstance(time_budget, bool)
+        if not (budget_ok and 0 <= time_budget < float("inf")):
+            raise InputError(
+                f"time_budget must be a number of seconds, 0 or more (0: the fewest runs), not {time_budget!r}"
+            )
+        # what the export would get wrong without a word: a write into an input, a branch on a tensor's values
+        probe.check_forward(
+            module, inputs, backward=backward, training=training, invoke=self._call.invoke, keywords=self._call.keywords
+        )
         if self.device == "cpu":
             native.start()  # built (once per machine) while this session exports and compiles
         # the user's module runs where the compiled code runs, so that they share parameters
@@ -86,11 +98,13 @@ class Session:
         self._progress("exporting to ONNX and importing into DaCe")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._imported: Imported = import_module(self._module, tuple(self._inputs), training=self.training)
+            self._imported: Imported = import_module(
+                self._module, tuple(self._inputs), training=self.training, call=self._call
+            )
             pre = copy.deepcopy(self._imported.sdfg)
             passes.run(passes.ON_IMPORT, pre)
         self._reference = verify.run(
-            self._module, self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
+            self._called(self._module), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
         )
         state = self._make_state(pre, ())
         self._states.append(state)
@@ -296,7 +310,11 @@ class Session:
 
     def _check_run(self, runner: Runner) -> verify.Run:
         return verify.run(
-            self._dcnb_module(runner), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
+            self._called(self._dcnb_module(runner)),
+            self._module,
+            self._inputs,
+            self._reference_upstream,
+            self._imported.all_inputs,
         )
 
     def _wrt(self) -> list[str]:
@@ -308,12 +326,20 @@ class Session:
         return wanted
 
     def _dcnb_module(self, runner: Runner) -> DcnbModule:
-        return DcnbModule(self._module, runner, self._inputs, [t.shape for t in self._reference_outputs])
+        shapes = [t.shape for t in self._reference_outputs]
+        return DcnbModule(self._module, runner, self._inputs, shapes, self._call, self._result)
+
+    def _called(self, fn: Callable[..., Any]) -> Callable[..., list[torch.Tensor]]:
+        """``fn`` taking the inputs' tensors in the compiled order and returning its result's tensors."""
+        return lambda *tensors: structure.leaves(self._call.invoke(fn, tensors))
 
     def _eager_outputs(self) -> list[torch.Tensor]:
         try:
             with torch.no_grad(), verify.preserved(self._module):
-                return verify.flatten(self._module(*self._inputs))
+                result = self._call.invoke(self._module, self._inputs)
+                #: the result's structure (tuples, dicts, ModelOutput, None), which the compiled module returns too
+                self._result = structure.skeleton(result)
+                return structure.leaves(result)
         except Exception as e:
             raise InputError(
                 f"running {type(self._module).__name__} on the example inputs failed: {describe(e)}"
@@ -339,6 +365,8 @@ class Session:
                 calls, budget_s=self._time_budget, warmup=warmup, min_runs=3, sync=timing.synchronizer(self.device)
             )
         self._warmed |= set(calls) - {"dcnb"}
+        # rounds far apart, or a machine busier than it has cores: the ratios are noise, and the step says so
+        notes.extend(timing.noise(timings, load=timing.load_average(), cores=os.cpu_count()))
         return timings, tuple(notes)
 
     def _timed_call(self, fn: Callable) -> Callable[[], None]:
@@ -347,7 +375,7 @@ class Session:
         upstream = self._reference_upstream
 
         def call() -> None:
-            outputs = verify.flatten(fn(*inputs))
+            outputs = structure.leaves(self._call.invoke(fn, inputs))
             if grads:
                 pairs = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
@@ -398,16 +426,30 @@ def _safe_count(action: steps.Action, sdfg: dace.SDFG, where, options) -> int:
         return 0
 
 
-def _check_inputs(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def _check_call(module: nn.Module, inputs: Sequence[Any], kwargs: Mapping[str, Any]) -> structure.Call:
     if not isinstance(module, nn.Module):
         raise InputError(f"dcnb optimizes torch.nn.Module instances; got {type(module).__name__}")
-    if not inputs:
+    call = structure.Call.of(inputs, kwargs)
+    if not inputs and not call.keywords:
         raise InputError(f"{type(module).__name__} needs example inputs to build for (their shapes are compiled in)")
-    for i, t in enumerate(inputs):
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"example input {i} is a {type(t).__name__}, not a torch.Tensor")
+    return call
+
+
+def _check_inputs(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    named = [(f"example input {i}", t) for i, t in enumerate(inputs)]
+    named += [(f"{kind} {name}", t) for kind, items in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())) for name, t in items]
+    for what, t in named:
+        if t.dtype in _HALF:
+            raise InputError(
+                f"{what} of {type(module).__name__} is {str(t.dtype).removeprefix('torch.')}: dcnb builds float32 "
+                "and float64 modules (DaCe's ONNX importer has no 16-bit floats); convert with .float() first"
+            )
     # copies: a module that writes into its inputs must not change the user's tensors when dcnb runs it
     return [t.detach().clone() for t in inputs]
+
+
+#: 16-bit floats, which DaCe 2.0.0b1's ONNX importer does not take (BFLOAT16) or computes in no other way
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _device(device: str) -> str:
@@ -423,6 +465,7 @@ def _device(device: str) -> str:
 def optimize(
     module: nn.Module,
     *example_inputs: torch.Tensor,
+    kwargs: Mapping[str, Any] | None = None,
     backward: bool = True,
     training: bool = False,
     device: str = "auto",
@@ -430,16 +473,20 @@ def optimize(
 ) -> Session:
     """Export ``module``, build its forward (and backward) SDFGs with DaCe, compile, check and time: step 0.
 
-    ``options`` go to Session: ``baselines`` (default ("torch", "torch_compile")), ``time_budget`` (seconds of
-    timing per step), ``progress`` (a callable receiving one-line progress messages).
+    ``kwargs`` are keyword inputs of the example call (tensors such as an attention mask; other values, such as
+    flags, are compiled in). ``options`` go to Session: ``baselines`` (default ("torch", "torch_compile")),
+    ``time_budget`` (seconds of timing per step), ``progress`` (a callable receiving one-line progress messages).
     """
-    return Session(module, example_inputs, backward=backward, training=training, device=device, **options)
+    return Session(
+        module, example_inputs, kwargs=kwargs, backward=backward, training=training, device=device, **options
+    )
 
 
 def replay(
     module: nn.Module,
     *example_inputs: torch.Tensor,
     recipe: Sequence[dict[str, Any]],
+    kwargs: Mapping[str, Any] | None = None,
     backward: bool = True,
     training: bool = False,
     device: str = "auto",
@@ -447,6 +494,8 @@ def replay(
 ) -> Session:
     """Rebuild a session non-interactively from ``Session.recipe``; raises DcnbError if a step fails."""
     entries = parse_recipe(recipe)
-    session = optimize(module, *example_inputs, backward=backward, training=training, device=device, **options)
+    session = optimize(
+        module, *example_inputs, kwargs=kwargs, backward=backward, training=training, device=device, **options
+    )
     replay_recipe(session, entries)
     return session

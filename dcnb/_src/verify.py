@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from . import structure
+
 #: tolerances: |got - want| <= atol * max(1, max|want|) + rtol * |want|, per tensor
 RTOL = 1e-4
 ATOL = 1e-4
@@ -66,7 +68,7 @@ def run(
     """Call fn(*inputs), backpropagate ``upstream``, and collect what changed, leaving the module as it was."""
     with preserved(module):
         args = [_leaf(t, upstream is not None) for t in inputs]
-        outputs = flatten(fn(*args))
+        outputs = structure.leaves(fn(*args))
         tensors = {_output_label(i, len(outputs)): o.detach().clone() for i, o in enumerate(outputs)}
         if upstream is not None:
             pairs = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
@@ -136,14 +138,6 @@ def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> 
 
 def _output_label(i: int, n: int) -> str:
     return "output" if n == 1 else f"output {i}"
-
-
-def flatten(out: object) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for item in out for t in flatten(item)]
-    raise TypeError(f"the module returned {type(out).__name__}; dcnb handles tensors and tuples of tensors")
 
 
 def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:

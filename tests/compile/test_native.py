@@ -79,3 +79,23 @@ def test_unaligned_and_strided_inputs_are_copied_for_the_binaries():
         want_y = Mish()(x)
         torch.testing.assert_close(y, want_y)
         torch.testing.assert_close(got, torch.autograd.grad(want_y, x, upstream)[0])
+
+
+_OUTLIVES = """
+import torch, dcnb
+from dcnb._src import native
+native.extension()  # built or loaded before the session, so that its module is called from C++
+session = dcnb.optimize(torch.nn.Embedding(20, 8), torch.randint(0, 20, (2, 5)), baselines=(), time_budget=0.01)
+kept = session.module(torch.randint(0, 20, (2, 5)))  # its graph lives until the interpreter has gone
+print("native" if native.extension() is not None and native.calls() else "python")
+"""
+
+
+def test_a_graph_kept_until_the_interpreter_exits_does_not_abort_it(tmp_path):
+    # the call's plan dropped its Python reference without the GIL once Python had finalized: pybind11 aborted
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _OUTLIVES], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "native", "the C++ path was not taken: nothing was tested"

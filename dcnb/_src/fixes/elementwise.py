@@ -8,8 +8,8 @@ from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.op_implementations.utils import program_for_node
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name
-from dace import data as dt
 
+from .array_ops import broadcast_index
 from .cpp import at, cpp_backward, forward_in, forward_out, loops, zero
 from .registry import default_backward, pure_expansion
 
@@ -44,14 +44,6 @@ def _elementwise(node, state, sdfg, lambda_for):
     return program_for_node(prog, sdfg, state, node)
 
 
-def _broadcast_index(desc: dt.Data, out_shape: list, out_index: list[str]) -> list[str]:
-    """The index into ``desc`` that numpy-style broadcasting reads for output element ``out_index``."""
-    if isinstance(desc, dt.Scalar):
-        return []
-    offset = len(out_shape) - len(desc.shape)
-    return ["0" if int(size) == 1 else out_index[offset + i] for i, size in enumerate(desc.shape)]
-
-
 @autoregister_params(op="Where", name="dcnb")
 class WhereBackward(BackwardImplementation):
     # gap: DaCe's Where backward assumes X, Y and the condition have the output's shape; masked_fill with a
@@ -63,12 +55,12 @@ class WhereBackward(BackwardImplementation):
         index = [f"i{k}" for k in range(len(out.shape))]
         head, tail = loops(index, out.shape)
         body = "".join(zero(f"{n}_grad", forward_in(forward_node, context, n)) for n in wanted)
-        body += head + f"const bool take = {at('condition', cond, _broadcast_index(cond, out.shape, index))};\n"
+        body += head + f"const bool take = {at('condition', cond, broadcast_index(cond, out.shape, index))};\n"
         body += f"const auto dy = {at('output_grad', out, index)};\n"
         for n, when in (("X", "take"), ("Y", "!take")):
             if n in wanted:
                 desc = forward_in(forward_node, context, n)
-                body += f"if ({when}) {at(f'{n}_grad', desc, _broadcast_index(desc, out.shape, index))} += dy;\n"
+                body += f"if ({when}) {at(f'{n}_grad', desc, broadcast_index(desc, out.shape, index))} += dy;\n"
         body += tail
         return cpp_backward(
             forward_node, context, ["condition", "output_grad", *(f"{n}_grad" for n in wanted)], body

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 
 import dace
 from dace.sdfg import nodes
@@ -147,3 +148,17 @@ def typed_float_literals(sdfg: dace.SDFG) -> int:
     ("conversion of scalar 'double' to vector ... involves truncation").
     """
     return tasklet_code.rewrite_python(sdfg, _TypedFloats, _is_float)
+
+
+def stable_state_labels(sdfg: dace.SDFG) -> int:
+    """Name the states autodiff labels with a Python object's id by their order instead; returns how many.
+
+    gap: DaCe's backward of a reduction (BatchNorm in training mode) names a state ``block_<id(node)>``, so the same
+    module hashed differently in every process and its build was never found in the cache.
+    """
+    renamed = 0
+    for g in sdfg.all_sdfgs_recursive():
+        for i, state in enumerate(s for s in g.states() if re.fullmatch(r"block_\d{6,}", s.label)):
+            state.label = f"block_autodiff_{i}"
+            renamed += 1
+    return renamed
