@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 
 # graphviz draws the static SDFGs; chromium runs the JupyterLab UI tests (Playwright drives Debian's build)
 APT_PACKAGES=(g++ make cmake python3-venv python3-dev graphviz chromium)
+# OpenBLAS built with OpenMP (the BLAS matrix products call where PyTorch's own is not exported, see
+# dcnb/_src/blas.py); LAPACKE's header, which DaCe's own OpenBLAS environment (auto_optimize's) includes
+APT_PACKAGES+=(libopenblas-openmp-dev liblapacke-dev)
 # the JupyterLab extension builds with node and npm: take Debian's only where none is installed
 command -v node >/dev/null || APT_PACKAGES+=(nodejs)
 command -v npm >/dev/null || APT_PACKAGES+=(npm)

@@ -36,7 +36,7 @@ from dace.config import Config, temporary_config
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
 
-from . import cache, events, passes, vecmath
+from . import blas, cache, events, passes, vecmath
 from .errors import CompileError, DcnbError, describe, first_line
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
@@ -139,6 +139,7 @@ def _flags(args: str) -> dict[str, str]:
         "cuda.args": Config.get("compiler", "cuda", "args"),
         "cuda.streams": str(Config.get("compiler", "cuda", "max_concurrent_streams")),
         "build_type": Config.get("compiler", "build_type"),
+        "blas": blas.key(),  # which BLAS the matrix products call (fixes.linalg)
     }
 
 

@@ -1,10 +1,17 @@
-"""Linear algebra: Einsum's backward."""
+"""Linear algebra: Einsum's backward, and matrix products through a BLAS."""
 
 from __future__ import annotations
 
-from dace.autodiff.implementations.onnx_ops import DefaultEinsumBackward
-from dace.registry import autoregister_params
+import copy
 
+import dace
+from dace.autodiff.implementations.onnx_ops import DefaultEinsumBackward
+from dace.libraries.blas.nodes.batched_matmul import BatchedMatMul, ExpandBatchedMatMulOpenBLAS
+from dace.libraries.blas.nodes.gemm import ExpandGemmOpenBLAS, Gemm
+from dace.registry import autoregister_params
+from dace.transformation.transformation import ExpandTransformation
+
+from .. import blas
 from .registry import default_backward
 
 
@@ -21,3 +28,77 @@ class EinsumBackwardOfTransients(DefaultEinsumBackward):
 
 
 default_backward("Einsum")
+
+
+#: the implementation dcnb registers on DaCe's BLAS nodes and makes their default: it picks one of those below
+CHOOSE = "dcnb"
+#: per BLAS in ``blas.CHOICES``: DaCe's OpenBLAS expansion (a cblas call) linked with that BLAS's environment
+IMPLEMENTATIONS = {name: f"dcnb_{name}" for name in blas.ENVIRONMENTS}
+
+_BLAS_DTYPES = (dace.float32, dace.float64)
+
+
+def _operands(node, state, sdfg) -> list[dace.data.Data]:
+    return [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
+
+
+def _blas_applies(node, state, sdfg, expansion: type[ExpandTransformation]) -> bool:
+    """Whether ``node`` runs on the CPU, in float32 or float64, in a layout DaCe's cblas call takes."""
+    if node.schedule in dace.dtypes.GPU_SCHEDULES:
+        return False
+    descs = _operands(node, state, sdfg)
+    if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in _BLAS_DTYPES:
+        return False
+    if not all(dace.dtypes.can_access(dace.ScheduleType.CPU_Multicore, d.storage) for d in descs):
+        return False
+    try:
+        expansion.expansion(node, state, sdfg)  # builds a tasklet, changes nothing; raises where strides do not fit
+    except Exception:  # noqa: BLE001 -- DaCe raises plain Exceptions for layouts cblas cannot take
+        return False
+    return True
+
+
+def _choose(cblas_expansion: type[ExpandTransformation]):
+    def expansion(node, state, sdfg):
+        chosen = copy.deepcopy(node)  # expanded in turn, as the Gemm that DaCe's MatMul "specialize" returns is
+        found = blas.chosen()
+        usable = found is not None and _blas_applies(node, state, sdfg, cblas_expansion)
+        chosen.implementation = IMPLEMENTATIONS[found.name] if usable else "pure"
+        return chosen
+
+    return staticmethod(expansion)
+
+
+@dace.library.expansion
+class ExpandGemmDcnb(ExpandTransformation):
+    # gap: DaCe's BLAS nodes expand to loops (config default "pure") unless auto_optimize's set_fast_implementations
+    # names a BLAS: naive builds and autodiff's backward never called one; CPU products in float now call a BLAS
+    environments = []
+    expansion = _choose(ExpandGemmOpenBLAS)
+
+
+@dace.library.expansion
+class ExpandBatchedMatMulDcnb(ExpandTransformation):
+    # gap: as Gemm's (attention's batched products, forward and backward)
+    environments = []
+    expansion = _choose(ExpandBatchedMatMulOpenBLAS)
+
+
+def _linked(base: type[ExpandTransformation], name: str) -> type[ExpandTransformation]:
+    """DaCe's cblas expansion ``base`` with the environment that links the BLAS ``name``."""
+    cls = type(f"{base.__name__}_dcnb_{name}", (base,), {"environments": [blas.ENVIRONMENTS[name]]})
+    globals()[cls.__name__] = cls  # a module-level name, as DaCe's own expansions have
+    return dace.library.expansion(cls)
+
+
+# gap: DaCe's OpenBLAS environment links whatever libblas.so.3 points to (OpenBLAS's pthreads build when both are
+# installed, which fights OpenMP's threads for the cores) and needs LAPACK and LAPACKE besides; its MKL one needs
+# mkl.h and mkl_rt, which PyTorch's wheel, calling MKL itself, does not ship
+for _node, _choose_cls, _cblas in (
+    (Gemm, ExpandGemmDcnb, ExpandGemmOpenBLAS),
+    (BatchedMatMul, ExpandBatchedMatMulDcnb, ExpandBatchedMatMulOpenBLAS),
+):
+    _node.register_implementation(CHOOSE, _choose_cls)
+    for _name, _implementation in IMPLEMENTATIONS.items():
+        _node.register_implementation(_implementation, _linked(_cblas, _name))
+    _node.default_implementation = CHOOSE
