@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import inspect
 import io
 import linecache
 import os
@@ -143,14 +142,7 @@ def _sdfg_name(module: nn.Module) -> str:
 def _input_names(module: nn.Module, call: Call) -> list[str]:
     """Names of forward()'s parameters and of the keyword inputs, so that the graphs show ``x`` and
     ``attention_mask`` rather than ``input_0``."""
-    try:
-        params = [
-            p.name
-            for p in inspect.signature(module.forward).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        params = []
+    params = structure.positional_names(module)
     taken = {n.split(".")[0] for n, _ in module.named_parameters()} | {
         n.split(".")[0] for n, _ in module.named_buffers()
     }

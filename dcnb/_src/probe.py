@@ -10,7 +10,6 @@ converts tensors in checks of its own, or where it is not traced (as the export 
 
 from __future__ import annotations
 
-import inspect
 import linecache
 import os
 import site
@@ -26,6 +25,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from . import structure
 from .errors import InputError
 from .verify import preserved
 
@@ -234,12 +234,5 @@ def _input_label(module: nn.Module, index: int, count: int, keywords: Sequence[s
     positional = count - len(keywords)
     if index >= positional:
         return keywords[index - positional]
-    try:
-        params = [
-            p.name
-            for p in inspect.signature(module.forward).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        params = []
+    params = structure.positional_names(module)
     return params[index] if index < len(params) else f"{index}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -68,6 +69,15 @@ def _rebuilt_mapping(original: Mapping, items: dict) -> Mapping:
         return type(original)(items)
     except TypeError:  # a mapping type whose constructor takes something else
         return dict(items)
+
+
+def positional_names(module: torch.nn.Module) -> list[str]:
+    """The names of the parameters forward() takes positionally (``x``), so that graphs and messages use them."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):  # a forward without a readable signature (some C extensions)
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 @dataclasses.dataclass(frozen=True)
