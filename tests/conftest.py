@@ -7,6 +7,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # builds are cached by content: reruns of the suite reuse them (tests that count builds use their own cache)
 os.environ.setdefault("DCNB_CACHE", str(ROOT / ".cache" / "dcnb-test"))
+# a CUDA build of every step in the background would take a minute each here: the tests that want it ask for it
+os.environ.setdefault("DCNB_CUDA_BUILD", "0")
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # what works in this sandbox: no GPU, no sandboxing, nothing fetched from the network

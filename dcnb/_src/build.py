@@ -52,14 +52,15 @@ class Built:
     sdfgs: list[dace.SDFG | None]
 
 
-def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
+def build(sdfgs: list[dace.SDFG | None], device: str, cuda_arch: str | None = None) -> Built:
     """Run the device's build passes on a copy of each SDFG (None stays None) and compile it for ``device``; a
-    CompileError names the failing SDFG, a CacheError the cache that cannot be written."""
+    CompileError names the failing SDFG, a CacheError the cache that cannot be written. ``cuda_arch`` (``"90"``)
+    picks the GPU architecture a CUDA build is for; without it, DaCe's configuration says (by default the GPU's)."""
     start = time.perf_counter()
     compiled = False
     with temporary_config(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _configure(device)
+        _configure(device, cuda_arch)
         prepared = [(None, None, "") if s is None else _prepare(s, device) for s in sdfgs]
         missing = [(s, k, args) for s, k, args in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
         if missing:
@@ -80,11 +81,13 @@ def build(sdfgs: list[dace.SDFG | None], device: str) -> Built:
     )
 
 
-def _configure(device: str) -> None:
+def _configure(device: str, cuda_arch: str | None) -> None:
     Config.set("compiler", "allow_view_arguments", value=True)
     Config.set("debugprint", value=False)
     if device == "cuda":
         put_first_on_path(cmake.CMAKE_BIN_DIR)
+        if cuda_arch:
+            Config.set("compiler", "cuda", "cuda_arch", value=cuda_arch)
         # DaCe launches on streams of its own that do not wait for PyTorch's (non-blocking): a kernel could read
         # an input PyTorch is still computing. On the default stream, both run in the order they were issued.
         Config.set("compiler", "cuda", "max_concurrent_streams", value=-1)
@@ -131,8 +134,11 @@ def put_first_on_path(folder: str) -> None:
         os.environ["PATH"] = os.pathsep.join([folder, *(p for p in paths if p != folder)])
 
 
-def _flags(args: str) -> dict[str, str]:
+def _flags(args: str, device: str) -> dict[str, str]:
+    # the architecture only in CUDA builds' keys: CPU builds keep theirs, and the binaries cached under them
+    arch = {"cuda.arch": _cuda_arch()} if device == "cuda" else {}
     return {
+        **arch,
         "entry": ENTRY_VERSION,
         "cpu.args": Config.get("compiler", "cpu", "args") + args,
         "cpu.libs": Config.get("compiler", "cpu", "libs"),
@@ -143,11 +149,21 @@ def _flags(args: str) -> dict[str, str]:
     }
 
 
+def _cuda_arch() -> str:
+    """The architecture a CUDA build is for: the configured one, else the GPU's own (DaCe's default, "native"), so
+    that binaries built on different GPUs have different keys."""
+    configured = Config.get("compiler", "cuda", "cuda_arch")
+    if configured or not torch.cuda.is_available():
+        return configured
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}"
+
+
 def _prepare(sdfg: dace.SDFG, device: str) -> tuple[dace.SDFG, str, str]:
     sdfg = copy.deepcopy(sdfg)
     passes.run(passes.BUILD[device], sdfg)
     args = _own_args(sdfg, device)
-    key = cache.key(sdfg, device, _flags(args))
+    key = cache.key(sdfg, device, _flags(args, device))
     base = re.sub(r"_[0-9a-f]{16}$", "", sdfg.name)
     sdfg.name = f"{base}_{key[:16]}"
     sdfg.build_folder = str(_folder(key, sdfg))
@@ -406,9 +422,9 @@ def _child(parent: int, outcome, fn: Callable, args: tuple) -> NoReturn:
 
 
 def _compiler_error(log: str) -> str:
-    """The first compiler diagnostic in a build log, without its path."""
+    """The first compiler diagnostic in a build log, without its path (nvcc's own say ``nvcc fatal   : ...``)."""
     for line in log.splitlines():
-        found = re.search(r"(?:error|Error):\s*(.+)$", line)
+        found = re.search(r"(?:error|Error|fatal)\s*:\s*(.+)$", line)
         if found and "ninja" not in line and "make" not in line.split(":")[0]:
             return found.group(1).strip()
     return first_line(log)

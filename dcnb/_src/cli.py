@@ -52,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"running {args.notebook} in a fresh kernel" + (f" ({args.scale} scale)" if args.scale else ""), flush=True)
     report = run_notebook(
-        args.notebook, args.out, scale=args.scale, timeout=args.timeout, echo=lambda text: print(text, end="", flush=True)
+        args.notebook,
+        args.out,
+        scale=args.scale,
+        timeout=args.timeout,
+        echo=lambda text: print(text, end="", flush=True),
+        cuda_build=args.cuda_build,
     )
     for text in report.reported:
         print("\n" + text)
@@ -77,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="out", help="folder for the executed notebook and the HTML (default: out)")
     p.add_argument("--scale", choices=("small", "full"), help="problem sizes, for notebooks that read DCNB_NOTEBOOK_SCALE")
     p.add_argument("--timeout", type=float, default=1200, help="seconds any one cell may take (default 1200)")
+    p.add_argument(
+        "--cuda-build",
+        action="store_true",
+        help="also build every step for CUDA in the background, as in JupyterLab (default: off; DCNB_CUDA_BUILD=1 too)",
+    )
     p.set_defaults(run=run)
     args = parser.parse_args(argv)
     return args.run(args)

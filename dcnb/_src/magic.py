@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from torch import nn
 
-from . import formatters, probe
+from . import cuda_check, formatters, probe
 from .errors import CompileError, DcnbError, InputError, describe
 from .recipe import Entry
 from .recipe import parse as parse_recipe
@@ -54,6 +54,16 @@ class DcnbMagics(Magics):
         help="what dcnb is timed against, comma-separated: torch, torch_compile (empty: nothing)",
     )
     @argument("--time-budget", type=float, default=2.0, metavar="SECONDS", help="seconds of timing per step")
+    @argument(
+        "--cuda-arch",
+        metavar="ARCH",
+        help="the GPU architecture CUDA builds are for: sm_80, sm_86, sm_89 or sm_90 (default: the GPU's, else sm_90)",
+    )
+    @argument(
+        "--no-cuda-build",
+        action="store_true",
+        help="on the CPU, do not also build every step for CUDA in the background (where nvcc is present)",
+    )
     @cell_magic
     def dcoptimize(self, line: str, cell: str) -> None:
         """Optimize the nn.Module this cell defines with DaCe, step by step, checked against PyTorch.
@@ -102,6 +112,8 @@ class DcnbMagics(Magics):
             device=args.device,
             baselines=baselines,
             time_budget=args.time_budget,
+            cuda_build=False if args.no_cuda_build else None,
+            cuda_arch=args.cuda_arch,
         )
 
 
@@ -174,7 +186,7 @@ class _ProgressLine:
 
 def _unparsed(message: str, tokens: list[str]) -> str:
     """argparse's complaint about the magic's line, as one sentence that names the option."""
-    flags = ("--no-backward", "--training")
+    flags = ("--no-backward", "--training", "--no-cuda-build")
     extra = message.removeprefix("unrecognized arguments: ").split() if message.startswith("unrecognized") else []
     for flag in flags:
         if flag in tokens and tokens.index(flag) + 1 < len(tokens) and tokens[tokens.index(flag) + 1] in extra:
@@ -192,6 +204,11 @@ def _check_options(args: Any) -> None:
             raise UsageError(f"--baselines: {b!r} is not a baseline; choose from {', '.join(BASELINES)} (or '' for none).")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: PyTorch sees no CUDA device here; use --device cpu (or auto, which picks one).")
+    if args.cuda_arch is not None:
+        try:
+            cuda_check.arch(args.cuda_arch, option="--cuda-arch")
+        except InputError as e:
+            raise UsageError(f"{e}.") from None
 
 
 def _check_variable(variable: str, namespace: dict[str, Any], *, given: bool) -> None:

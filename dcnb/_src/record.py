@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .timing import NOISE_NOTE, Timing
 from .verify import Check
+
+if TYPE_CHECKING:
+    from .cuda_check import CudaBuild
 
 MIB = 1 << 20
 BASELINES = ("torch", "torch_compile")
@@ -39,6 +42,8 @@ class Step:
     log: str | None = None
     #: notes that do not make the step fail (e.g. a baseline that could not run)
     notes: tuple[str, ...] = ()
+    #: the CUDA build a CPU step also makes in the background (None where there is none); it shows its latest state
+    cuda: CudaBuild | None = None
 
     @property
     def max_abs_error(self) -> float | None:
@@ -66,6 +71,7 @@ class Step:
             "timings": {k: dataclasses.asdict(v) for k, v in self.timings.items()},
             "counts": self.counts,
             "notes": list(self.notes),
+            "cuda": None if self.cuda is None else self.cuda.to_dict(),
         }
 
     def as_text(self) -> str:
@@ -83,6 +89,8 @@ class Step:
             lines.append(f"  intermediate memory: {self.intermediate_bytes / MIB:.2f} MiB")
         if self.compile_seconds is not None:
             lines.append(f"  compile: {self.compile_seconds:.1f} s" + (" (cached)" if self.compile_seconds == 0 else ""))
+        if self.cuda is not None:
+            lines.append(f"  {self.cuda.text}" + (" (its log: Step.cuda.log)" if self.cuda.log else ""))
         if self.timings:
             lines.append("")
             lines.extend("  " + row for row in timing_table(self.timings))

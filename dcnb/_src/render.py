@@ -78,7 +78,11 @@ def step_html(step: Step) -> str:
         rows.append(f"intermediate memory: {step.intermediate_bytes / MIB:.2f} MiB")
     if step.compile_seconds is not None:
         rows.append(f"compile: {step.compile_seconds:.1f} s" + (" (cached)" if step.compile_seconds == 0 else ""))
+    if step.cuda is not None:
+        rows.append(_e(step.cuda.text))
     text = f"<p><b>step {step.index}: {_e(step.title)}</b> &middot; " + " &middot; ".join(rows) + "</p>"
+    if step.cuda is not None and step.cuda.log:
+        text += f"<details><summary>CUDA build log</summary><pre>{_e(step.cuda.log)}</pre></details>"
     return text + table_html(tabulate_timings(step.timings))
 
 

@@ -55,17 +55,21 @@ def run(
     scale: str | None = None,
     timeout: float = 1200,
     echo: Callable[[str], None] = lambda line: None,
+    cuda_build: bool = False,
 ) -> Report:
     """Execute the notebook at ``path``; write ``<out_dir>/<name>.ipynb`` and ``<out_dir>/<name>.html``.
 
     ``scale`` sets DCNB_NOTEBOOK_SCALE for the kernel; ``timeout`` bounds each cell, in seconds; ``echo`` gets
     the progress as text: a line per code cell, its first line when it starts and its time when done.
+    ``cuda_build`` keeps the CUDA build each CPU step makes in the background (DCNB_CUDA_BUILD, where not set): off
+    by default, since a headless run ends with its kernel, before they would, and times its steps on the same cores.
     """
     source = pathlib.Path(path)
     out = pathlib.Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(source, as_version=4)
     env = dict(os.environ)
+    env.setdefault("DCNB_CUDA_BUILD", "1" if cuda_build else "0")
     if scale is not None:
         env[SCALE_VARIABLE] = scale
     code_cells = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())

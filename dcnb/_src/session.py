@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ from torch import nn
 
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import events, native, passes, probe, program, steps, structure, timing, verify
+from . import cuda_check, events, native, passes, probe, program, steps, structure, timing, verify
 from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
@@ -55,10 +56,21 @@ class Session:
         baselines: Iterable[str] = BASELINES,
         time_budget: float = 1.0,
         progress: Callable[[str], None] | None = None,
+        cuda_build: bool | None = None,
+        cuda_arch: str | None = None,
     ):
         self._call = _check_call(module, inputs, kwargs or {})
         inputs = _check_inputs(module, self._call.tensors(inputs, kwargs or {}))
         self.device = _device(device)
+        if not (cuda_build is None or isinstance(cuda_build, bool)):
+            raise InputError(f"cuda_build must be True or False (None: unless DCNB_CUDA_BUILD=0), not {cuda_build!r}")
+        #: the architecture CUDA builds are for where one was named (else the GPU's own, or sm_90 without one)
+        self._cuda_arch = None if cuda_arch is None else cuda_check.arch(cuda_arch)
+        # on a GPU the steps' own builds are the CUDA builds: none in the background then
+        self._cuda_builds: cuda_check.Builds | None = None
+        if self.device == "cpu" and cuda_check.enabled(cuda_build):
+            self._cuda_builds = cuda_check.Builds(self._cuda_arch or cuda_check.default_arch())
+            weakref.finalize(self, self._cuda_builds.close)  # (and at exit): no compile outlives its session
         budget_ok = isinstance(time_budget, (int, float)) and not isinstance(time_budget, bool)
         if not (budget_ok and 0 <= time_budget < float("inf")):
             raise InputError(
@@ -275,7 +287,7 @@ class Session:
             except Exception as e:
                 raise StepError(f"{name} left an invalid SDFG: {describe(e)}") from e
         self._progress("compiling")
-        built = builder.build([prog.forward, prog.backward], self.device)
+        built = builder.build([prog.forward, prog.backward], self.device, cuda_arch=self._cuda_arch)
         if self.device == "cpu" and not native.ready():
             self._progress("building dcnb's C++ call path (once per machine and PyTorch version)")
         runner = Runner(self._imported, prog, built.binaries[0], built.binaries[1], self.device)
@@ -305,6 +317,8 @@ class Session:
             timings=timings,
             counts={"forward": program.counts(built.sdfgs[0]), "backward": program.counts(built.sdfgs[1])},
             notes=notes + timing_notes,
+            # forked only now: the build made above and the timing do not share the cores with it
+            cuda=None if self._cuda_builds is None else self._cuda_builds.start([prog.forward, prog.backward]),
         )
         return _State(pre, prog, (built.sdfgs[0], built.sdfgs[1]), runner, applied, step)
 
@@ -469,16 +483,29 @@ def optimize(
     backward: bool = True,
     training: bool = False,
     device: str = "auto",
+    cuda_build: bool | None = None,
+    cuda_arch: str | None = None,
     **options: Any,
 ) -> Session:
     """Export ``module``, build its forward (and backward) SDFGs with DaCe, compile, check and time: step 0.
 
     ``kwargs`` are keyword inputs of the example call (tensors such as an attention mask; other values, such as
-    flags, are compiled in). ``options`` go to Session: ``baselines`` (default ("torch", "torch_compile")),
-    ``time_budget`` (seconds of timing per step), ``progress`` (a callable receiving one-line progress messages).
+    flags, are compiled in). On the CPU, where nvcc is present, every step also builds for CUDA in the background
+    (``Step.cuda``; ``cuda_build=False`` or ``DCNB_CUDA_BUILD=0`` turn that off) for ``cuda_arch`` ("sm_80",
+    "sm_86", "sm_89" or "sm_90"; default: the GPU's own, else sm_90); on a GPU it is the architecture the steps
+    build for. ``options`` go to Session: ``baselines`` (default ("torch", "torch_compile")), ``time_budget``
+    (seconds of timing per step), ``progress`` (a callable receiving one-line progress messages).
     """
     return Session(
-        module, example_inputs, kwargs=kwargs, backward=backward, training=training, device=device, **options
+        module,
+        example_inputs,
+        kwargs=kwargs,
+        backward=backward,
+        training=training,
+        device=device,
+        cuda_build=cuda_build,
+        cuda_arch=cuda_arch,
+        **options,
     )
 
 
@@ -490,12 +517,23 @@ def replay(
     backward: bool = True,
     training: bool = False,
     device: str = "auto",
+    cuda_build: bool | None = None,
+    cuda_arch: str | None = None,
     **options: Any,
 ) -> Session:
-    """Rebuild a session non-interactively from ``Session.recipe``; raises DcnbError if a step fails."""
+    """Rebuild a session non-interactively from ``Session.recipe``; raises DcnbError if a step fails. The options
+    are ``optimize``'s."""
     entries = parse_recipe(recipe)
     session = optimize(
-        module, *example_inputs, kwargs=kwargs, backward=backward, training=training, device=device, **options
+        module,
+        *example_inputs,
+        kwargs=kwargs,
+        backward=backward,
+        training=training,
+        device=device,
+        cuda_build=cuda_build,
+        cuda_arch=cuda_arch,
+        **options,
     )
     replay_recipe(session, entries)
     return session

@@ -18,6 +18,7 @@ import traitlets
 from IPython.display import update_display
 
 from . import graph, render
+from .cuda_check import PENDING, CudaBuild
 from .errors import DcnbError
 from .record import tabulate_history, tabulate_timings
 from .session import Session
@@ -87,6 +88,8 @@ class SessionWidget(ipywidgets.DOMWidget):
         self.variable = variable
         #: the display whose static rendering is refreshed after every request (kernel-free readers see it)
         self.display_id = display_id
+        #: the steps' background CUDA builds whose end this view waits for
+        self._watched: set[CudaBuild] = set()
         self.on_msg(self._on_msg)
         self.refresh()
 
@@ -97,14 +100,28 @@ class SessionWidget(ipywidgets.DOMWidget):
         with self.hold_sync():
             self.title = s.as_text().splitlines()[0].removeprefix("dcnb session: ")
             self.graphs = {"forward": graph.describe(s.forward_sdfg), "backward": graph.describe(s.backward_sdfg)}
-            self.steps = [
-                dict(step.to_dict(), title=step.title, log=step.log, timing=tabulate_timings(step.timings).to_dict())
-                for step in s.history
-            ]
+            self.steps = self._steps()
             self.current = s.current.index
             self.history = tabulate_history(s.history, s.current.index).to_dict()
             self.recipe = json.dumps(s.recipe)
             self._refresh_actions()
+        for step in s.history:
+            if step.cuda is not None and step.cuda.state == PENDING and step.cuda not in self._watched:
+                self._watched.add(step.cuda)
+                step.cuda.on_done(self._cuda_ended)
+
+    def _steps(self) -> list[dict[str, Any]]:
+        return [
+            dict(step.to_dict(), title=step.title, log=step.log, timing=tabulate_timings(step.timings).to_dict())
+            for step in self.session.history
+        ]
+
+    def _cuda_ended(self, build: CudaBuild) -> None:
+        """On the thread that waited for the build (ipywidgets sends traits from any thread): its outcome shows in
+        the view and in the rendering a saved notebook keeps, without a request to refresh them."""
+        self._watched.discard(build)
+        self.steps = self._steps()
+        self.update_static()
 
     @traitlets.observe("selection")
     def _selection_changed(self, change: dict) -> None:

@@ -11,6 +11,17 @@ export interface Timing {
   runs: number;
 }
 
+// The CUDA build a CPU step also makes in the background (dcnb/_src/cuda_check.py): it changes as it goes on.
+export interface CudaData {
+  state: 'pending' | 'ok' | 'failed' | 'skipped';
+  arch: string;
+  seconds: number | null;
+  reason: string | null;
+  log: string | null;
+  // one line, as the text and the static HTML show it
+  text: string;
+}
+
 export interface StepData {
   index: number;
   name: string;
@@ -27,6 +38,7 @@ export interface StepData {
   log?: string | null;
   // its timing table, as the kernel formats it
   timing: TableData;
+  cuda?: CudaData | null;
 }
 
 export interface ActionData {
@@ -51,7 +63,7 @@ function mib(bytes: number | null | undefined): string {
   return bytes === null || bytes === undefined ? '' : (bytes / MIB).toFixed(2);
 }
 
-// The one-line summary of a step: allclose, memory, compile time.
+// The one-line summary of a step: allclose, memory, compile time, its CUDA build.
 export function stepSummary(step: StepData): string {
   if (!step.ok) {
     return `step ${step.index}: ${step.title} failed: ${step.error ?? ''}`;
@@ -65,6 +77,9 @@ export function stepSummary(step: StepData): string {
   }
   if (step.compile_seconds !== null) {
     parts.push(`compile: ${num(step.compile_seconds, 1)} s${step.compile_seconds === 0 ? ' (cached)' : ''}`);
+  }
+  if (step.cuda) {
+    parts.push(step.cuda.text);
   }
   return parts.join(' · ');
 }

@@ -204,6 +204,11 @@ export class SessionView extends DOMWidgetView {
         this.result.appendChild(el('div', 'dcnb-note', `The session stays at step ${current}.`));
       }
       this.result.appendChild(el('div', 'dcnb-summary', stepSummary(shown)));
+      if (shown.cuda?.log) {
+        const log = el('details', 'dcnb-log');
+        log.append(el('summary', '', 'CUDA build log'), el('pre', '', shown.cuda.log));
+        this.result.appendChild(log);
+      }
       const table = drawTable(shown.timing);
       if (table) {
         this.result.appendChild(table);

@@ -4,9 +4,11 @@ Running them needs a GPU (checked where one is lent: benchmarks/NOTES.md); what 
 here, from the generated code.
 """
 
+import os
 import pathlib
 import re
 import shutil
+import time
 
 import pytest
 import torch
@@ -14,7 +16,8 @@ from dace.config import Config, temporary_config
 from torch import nn
 
 import dcnb
-from dcnb._src import build
+from dcnb._src import build, cuda_check, render
+from dcnb._src.widget import SessionWidget
 from models import Mish
 from zoo import CASES
 
@@ -69,3 +72,69 @@ def test_layer_norm_and_accumulated_gradients_build_for_cuda():
     module, inputs = CASES["mlp"].build()
     session = dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0)
     assert all("__global__" in cuda for _, cuda in _cuda_sources(session))
+
+
+# --- the CUDA build every CPU step also makes in the background ---------------------------------------------------
+
+#: seconds a test waits for the background builds queued before it ends (each takes about a minute here)
+WAIT = 900
+
+
+def _ended(step: dcnb.Step) -> cuda_check.CudaBuild:
+    assert step.cuda is not None
+    assert step.cuda.wait(WAIT), step.cuda.text
+    return step.cuda
+
+
+def test_every_cpu_step_builds_for_cuda_in_the_background(fresh_cache):
+    session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0, cuda_build=True)
+    naive = session.current
+    # the CPU result came back while the CUDA build goes on (a minute here, from an empty cache)
+    assert naive.ok and naive.cuda.state == "pending" and "CUDA build: pending (sm_90" in naive.as_text()
+    widget = SessionWidget(session)
+    request = {"method": "custom", "content": {"event": "apply", "name": "tasklet_fusion"}}
+    widget._handle_msg({"content": {"data": request}, "buffers": []})  # as the view asks, through the comm
+    fused = session.current
+    assert fused.name == "tasklet_fusion" and fused.ok
+    for step in (naive, fused):
+        cuda = _ended(step)
+        assert cuda.state == "ok", (cuda.text, cuda.log)
+        # (cached where this process built the same binary before: the fused Mish above)
+        assert re.fullmatch(r"CUDA build: ok \(sm_90, (\d+\.\d s|cached)\)", cuda.text)
+        assert cuda.text in step.as_text()
+    assert fused.cuda.text in render.to_html(session)
+    # the view shows the outcome without a request (its thread sets the trait once the build ended)
+    deadline = time.monotonic() + 10
+    while widget.steps[-1]["cuda"]["state"] != "ok" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert widget.steps[-1]["cuda"]["text"] == fused.cuda.text
+    # cached by content: the same step built again takes nothing
+    again = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0, cuda_build=True)
+    assert _ended(again.current).text == "CUDA build: ok (sm_90, cached)"
+
+
+def test_a_step_that_does_not_build_for_cuda_says_why_and_stays_good(monkeypatch):
+    # an architecture nvcc does not know, past the option's check: nvcc refuses it as it refuses code it cannot build
+    monkeypatch.setattr(cuda_check, "ARCHES", (*cuda_check.ARCHES, "12"))
+    session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0, cuda_arch="sm_12",
+                            cuda_build=True)
+    step = session.current
+    cuda = _ended(step)
+    assert step.ok and session.module(torch.rand(2, 3, 8, 8)).shape == (2, 3, 8, 8)
+    assert cuda.state == "failed" and "Unsupported gpu architecture 'compute_12'" in cuda.reason, cuda.text
+    assert "nvcc fatal" in cuda.log
+    assert f"CUDA build: failed (sm_12): {cuda.reason}" in step.as_text()
+    html = render.step_html(step)
+    assert "CUDA build: failed" in html and "CUDA build log" in html
+
+
+def test_no_cuda_build_when_turned_off_or_without_nvcc(monkeypatch):
+    module, x = Mish(), torch.rand(2, 3, 8, 8)
+    assert dcnb.optimize(module, x, baselines=(), time_budget=0.0, cuda_build=False).current.cuda is None
+    assert os.environ["DCNB_CUDA_BUILD"] == "0"  # (tests/conftest.py)
+    assert dcnb.optimize(module, x, baselines=(), time_budget=0.0).current.cuda is None
+    monkeypatch.setattr(cuda_check, "nvcc_present", lambda: False)
+    step = dcnb.optimize(module, x, baselines=(), time_budget=0.0, cuda_build=True).current
+    assert step.cuda.text == "CUDA build: skipped (no nvcc)" and step.cuda.text in step.as_text()
+    with pytest.raises(dcnb.InputError, match="cuda_arch 'sm_75' is not a CUDA architecture dcnb builds for"):
+        dcnb.optimize(module, x, cuda_arch="sm_75")

@@ -2,6 +2,7 @@
 cells printed, a failing cell named with its error and a non-zero exit."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -18,9 +19,9 @@ def _notebook(path, *cells):
     return path
 
 
-def _dcnb(*args, cwd):
+def _dcnb(*args, cwd, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "dcnb._src.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+        [sys.executable, "-m", "dcnb._src.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300, env=env
     )
 
 
@@ -69,3 +70,13 @@ def test_run_names_the_failing_cell_and_still_writes_the_report(tmp_path):
 def test_run_without_a_notebook_says_so(tmp_path):
     done = _dcnb("run", "missing.ipynb", cwd=tmp_path)
     assert done.returncode == 2 and "no notebook at missing.ipynb" in done.stderr
+
+
+def test_run_builds_for_cuda_in_the_background_only_when_asked(tmp_path):
+    cell = new_code_cell("import os\nprint('cuda build', os.environ.get('DCNB_CUDA_BUILD'))")
+    cell.metadata["tags"] = ["report"]
+    path = _notebook(tmp_path / "env.ipynb", cell)
+    env = {k: v for k, v in os.environ.items() if k != "DCNB_CUDA_BUILD"}  # (the suite sets it: tests/conftest.py)
+    for flags, value in (((), "0"), (("--cuda-build",), "1")):
+        done = _dcnb("run", str(path), *flags, cwd=tmp_path, env=env)
+        assert done.returncode == 0 and f"cuda build {value}" in done.stdout, done.stderr

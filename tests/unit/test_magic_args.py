@@ -7,6 +7,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
+from dcnb._src import cuda_check, magic
 from dcnb._src.magic import _snake, _split
 from dcnb._src.session import Session
 
@@ -28,7 +29,8 @@ def run(ip, line, cell=MODULE):
 
 def test_help_documents_every_option(ip):
     doc = ip.find_cell_magic("dcoptimize").__doc__
-    for option in ("--inputs", "--kwargs", "--class", "--args", "--no-backward", "--training", "--device", "--recipe", "--as"):
+    for option in ("--inputs", "--kwargs", "--class", "--args", "--no-backward", "--training", "--device", "--recipe", "--as",
+                   "--cuda-arch", "--no-cuda-build"):
         assert option in doc
 
 
@@ -88,6 +90,10 @@ BAD_INPUTS = [
     ("--time-budget negative", f"{X} --time-budget -1", DOUBLER, ["--time-budget -1: give the seconds of timing per step"]),
     ("--time-budget nan", f"{X} --time-budget nan", DOUBLER, ["--time-budget nan: give the seconds"]),
     ("unknown option", f"{X} --bogus", DOUBLER, ["unrecognized arguments: --bogus", "%%dcoptimize? lists the options"]),
+    ("--cuda-arch unknown", f"{X} --cuda-arch sm_75", DOUBLER,
+     ["--cuda-arch 'sm_75' is not a CUDA architecture dcnb builds for; choose from sm_80, sm_86, sm_89, sm_90"]),
+    ("--cuda-arch without a value", f"{X} --cuda-arch", DOUBLER, ["argument --cuda-arch: expected one argument"]),
+    ("--no-cuda-build with a value", f"{X} --no-cuda-build yes", DOUBLER, ["--no-cuda-build takes no value (got 'yes')"]),
     # the module and its inputs
     ("too many inputs", "--inputs torch.rand(2), torch.rand(3)", DOUBLER,
      ["running Doubler on the example inputs failed: TypeError", "takes 2 positional arguments but 3 were given"]),
@@ -176,3 +182,13 @@ def test_expressions_may_hold_spaces_or_quotes(ip):
     # the constructor runs with both arguments, then the module has no forward: the eager run names that
     message = run(ip, "--inputs torch.rand(2), torch.rand(3) --args 2, b=3", cell)
     assert message.startswith("Scaled: running Scaled on the example inputs failed")
+
+
+def test_the_cuda_build_options_reach_the_session(ip, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(magic, "_build", lambda *args, **options: seen.update(options))
+    ip.run_cell_magic("dcoptimize", f"{X} --cuda-arch sm_80 --no-cuda-build --as cuda_opt", DOUBLER)
+    assert seen["cuda_arch"] == "sm_80" and seen["cuda_build"] is False
+    ip.run_cell_magic("dcoptimize", f"{X} --as cuda_opt", DOUBLER)
+    assert seen["cuda_arch"] is None and seen["cuda_build"] is None  # (sm_90; on unless DCNB_CUDA_BUILD=0)
+    assert [cuda_check.arch(a) for a in ("sm_80", "86", "SM_89", " sm_90 ")] == ["80", "86", "89", "90"]

@@ -3,6 +3,7 @@ import { test } from 'node:test';
 import * as assert from 'node:assert/strict';
 
 import { FakeElement, installFakeDom } from './fakedom';
+import { StepData, stepSummary } from '../format';
 import { GraphView } from '../graphview';
 import { drawTable, TableData } from '../tables';
 
@@ -67,4 +68,24 @@ test('a timing table names its rows and has a caption; a table without rows is n
   assert.deepEqual(texts(row)[0], ['th', 'torch eager', 1, 'dcnb-left']);
   assert.equal(drawTable({ ...timing, rows: [] }), null);
   assert.equal(drawTable(null), null);
+});
+
+test("a step's summary ends in its CUDA build, as the kernel words it", () => {
+  const step: StepData = {
+    index: 1,
+    name: 'tasklet_fusion',
+    title: 'tasklet_fusion',
+    ok: true,
+    error: null,
+    applied: 1,
+    max_abs_error: null,
+    intermediate_bytes: null,
+    compile_seconds: 2.5,
+    timings: {},
+    notes: [],
+    timing: { kind: 'timing', columns: [], rows: [], caption: '', left: [], row_headers: true },
+    cuda: { state: 'ok', arch: 'sm_90', seconds: 12.3, reason: null, log: null, text: 'CUDA build: ok (sm_90, 12.3 s)' }
+  };
+  assert.equal(stepSummary(step), 'step 1: tasklet_fusion · compile: 2.5 s · CUDA build: ok (sm_90, 12.3 s)');
+  assert.equal(stepSummary({ ...step, cuda: null }), 'step 1: tasklet_fusion · compile: 2.5 s');
 });
