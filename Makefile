@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md); each sets up what it needs first.
-.PHONY: setup mish test zoo
+.PHONY: setup mish test zoo models ops
 
 setup:
 	@./scripts/setup.sh
@@ -13,3 +13,11 @@ test: setup
 # the whole model zoo: every entry in every mode, and every action on more kinds of graph (tests/compile/test_zoo.py)
 zoo: setup
 	.venv/bin/python -m pytest --zoo tests/compile/test_zoo.py
+
+# every Hugging Face model (tests/hf_models.py) in eval and training mode (tests/compile/test_hf_models.py)
+models: setup
+	.venv/bin/python -m pytest --models tests/compile/test_hf_models.py
+
+# every op of the catalog (tests/ops.py), forward and backward (tests/compile/test_ops.py)
+ops: setup
+	.venv/bin/python -m pytest --ops tests/compile/test_ops.py

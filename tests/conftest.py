@@ -64,15 +64,24 @@ def artifacts():
     return ARTIFACTS
 
 
+#: markers whose tests run only with their option: the rest of the model zoo (--zoo), the Hugging Face models
+#: beyond the default one (--models), the op catalog beyond its representative set (--ops); each tens of minutes
+GATED = {"zoo": "--zoo", "models": "--models", "ops": "--ops"}
+
+
 def pytest_addoption(parser):
     parser.addoption("--zoo", action="store_true", help="also run the whole model zoo (tests marked zoo; make zoo)")
+    parser.addoption(
+        "--models", action="store_true",
+        help="also run every Hugging Face model in every mode (tests marked models; make models)",
+    )
+    parser.addoption("--ops", action="store_true", help="also run every op of the catalog (tests marked ops; make ops)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``zoo`` (the rest of the model zoo, tens of minutes of compiles) run only with --zoo."""
-    if config.getoption("--zoo"):
-        return
-    kept = [item for item in items if item.get_closest_marker("zoo") is None]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("zoo") is not None])
-        items[:] = kept
+    """Tests marked ``zoo`` run only with --zoo, ``models`` only with --models, ``ops`` only with --ops."""
+    skipped = [marker for marker, option in GATED.items() if not config.getoption(option)]
+    gated = [item for item in items if any(item.get_closest_marker(marker) for marker in skipped)]
+    if gated:
+        config.hook.pytest_deselected(items=gated)
+        items[:] = [item for item in items if item not in gated]

@@ -33,6 +33,7 @@ def key(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> str:
     """sha256 over named entries, as jax's cache_key does: content, versions, device and compiler flags."""
     entries = {
         "sdfg": sdfg.hash_sdfg(),
+        "constants": _constants_digest(sdfg),
         "dcnb": VERSION,
         "fixes": _fixes_digest(),
         "dace": dace.__version__,
@@ -44,6 +45,18 @@ def key(sdfg: dace.SDFG, device: str, flags: dict[str, str]) -> str:
     for name in sorted(entries):
         digest.update(f"{name}={entries[name]}\n".encode())
     return digest.hexdigest()
+
+
+def _constants_digest(sdfg: dace.SDFG) -> str:
+    """The ONNX model's constants, which expansions read at code generation (Clip's bounds, Slice's starts, Pow's
+    exponent) from outside the SDFG, so its hash misses them: ReLU6 would reuse Hardtanh's binary."""
+    digest = hashlib.sha256()
+    for nested in sdfg.all_sdfgs_recursive():
+        model = getattr(nested, "_parent_onnx_model", None)
+        for name, value in sorted(getattr(model, "clean_weights", {}).items()):
+            digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}:".encode())
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 @functools.cache

@@ -25,11 +25,13 @@ from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node, has_onnx_node
 from torch import nn
 
-from . import structure
+from . import export_rules, structure
 from .errors import DcnbError, UnsupportedOpError, first_line
 from .structure import Call
 
 OPSET = 18
+# rules for aten ops the exporter cannot export (rms_norm, l1_loss, ...), as standard ONNX ops
+export_rules.register(OPSET)
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 from dace.codegen import compiler
+from torch import nn
 
 import dcnb
 from models import Mish
@@ -64,3 +65,20 @@ def test_only_code_that_sums_along_loops_compiles_with_reassociation_and_unrolli
         if "-fassociative-math" in text and "-funroll-loops" in text
     )
     assert len(commands) == 6 and reassociating == ["LayerNorm", "LayerNorm_backward"], commands.keys()
+
+
+class _Window(nn.Module):
+    def __init__(self, start: int):
+        super().__init__()
+        self.start = start
+
+    def forward(self, x):
+        return x[:, self.start : self.start + 4] * 2
+
+
+def test_modules_differing_only_in_an_onnx_constant_do_not_share_a_binary(fresh_cache):
+    # Slice's starts are ONNX constants that its backward's expansion reads at code generation, outside the hash
+    x = torch.randn(4, 16)
+    for start in (0, 3):
+        session = dcnb.optimize(_Window(start), x, baselines=(), time_budget=0.0)
+        assert session.current.check.ok

@@ -261,3 +261,32 @@ def test_a_reductions_backward_is_named_alike_in_every_process():
         for _ in range(2)
     ]
     assert names[0] == names[1]
+
+
+def test_clip_keeps_the_gradient_of_every_element_in_range():
+    # GCC 12.2 vectorized ``c ? dy[i] : 0`` in a backward rule into masked loads with another vector's mask: some
+    # elements in range got no gradient (fixes/cpp.py)
+    session = _optimize(nn.Hardtanh(-0.5, 0.5), torch.linspace(-8, 8, 64).reshape(4, 16))
+    _assert_checked(session, "output", "grad input")
+
+
+def test_dropout_of_nothing_in_training_mode_has_a_gradient():
+    # the exporter leaves out the mask of a Dropout with p=0 in training mode, which DaCe's backward needs
+    session = _optimize(nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.0)), torch.randn(4, 8), training=True)
+    _assert_checked(session, "output", "grad input", "grad 0.weight")
+
+
+class _GatheredMask(nn.Module):
+    """A padding mask gathered from an integer input, as transformers' mask helpers build it."""
+
+    def forward(self, x, attention_mask):
+        b, t = attention_mask.shape
+        keep = attention_mask.bool()[torch.arange(b)[:, None, None, None], torch.arange(t)[None, None, None, :]]
+        return torch.softmax((x @ x.transpose(-1, -2)).unsqueeze(1) + torch.where(keep, 0.0, -1e9), dim=-1)
+
+
+def test_integer_and_boolean_results_get_no_gradient():
+    # DaCe's autodiff differentiated the mask's Gather (a boolean map) upstream of the output, and failed
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    session = _optimize(_GatheredMask(), torch.randn(2, 4, 8), kwargs={"attention_mask": mask})
+    _assert_checked(session, "output", "grad x")

@@ -54,15 +54,17 @@ def test_a_cumulative_batch_norm_in_training_names_the_module():
     assert raised.value.op == "BatchNormalization"
 
 
-class _CeilPool(nn.Module):
+class _Bicubic(nn.Module):
     def forward(self, x):
-        return nn.functional.max_pool2d(x, 2, ceil_mode=True)
+        return nn.functional.interpolate(x, scale_factor=2, mode="bicubic")
 
 
 def test_an_op_its_implementation_does_not_cover_names_the_op_its_use_and_the_torch_call():
     with pytest.raises(dcnb.UnsupportedOpError) as raised:
-        import_module(_CeilPool(), (torch.randn(1, 2, 5, 5),), training=False)
+        import_module(_Bicubic(), (torch.randn(1, 2, 5, 5),), training=False)
     message = str(raised.value)
-    assert message.startswith("DaCe's implementation of the ONNX op MaxPool does not cover it as used here (")
-    assert "ceil_mode=1" in message and "max_pool2d(" in message and message.endswith("in _CeilPool; _CeilPool cannot be built.")
-    assert raised.value.op == "MaxPool"
+    assert message.startswith("DaCe's implementation of the ONNX op Resize does not cover it as used here (")
+    assert "mode=cubic" in message and "upsample_bicubic2d(" in message
+    assert message.endswith("in _Bicubic; _Bicubic cannot be built.")
+    assert raised.value.op == "Resize"
+

@@ -1,37 +1,88 @@
-"""Convolutions: Conv's expansion and backward, as C++ loops."""
+"""Convolutions over any number of spatial dimensions: Conv's and ConvTranspose's expansions and backward, as
+im2col and a BLAS matrix product (one group) or C++ loops (grouped, depthwise)."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
+import dace
+import dace.autodiff.utils as autodiff_utils
 from dace import data as dt
 from dace.autodiff.base_abc import BackwardImplementation
+from dace.libraries.blas.nodes.gemm import Gemm
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 
-from .cpp import at, cpp_backward, cpp_expansion, forward_in, forward_out, loops, zero
+from .cpp import (
+    at,
+    cpp_backward,
+    cpp_expansion,
+    cpp_tasklet,
+    expansion_sdfg,
+    forward_in,
+    forward_out,
+    loops,
+    offset,
+    zero,
+)
 from .registry import default_backward, pure_expansion
 
 
-def _conv_applies(node, x: dt.Data) -> bool:
-    return len(x.shape) == 4 and node.auto_pad == "NOTSET" and all(d == 1 for d in node.dilations or [])
+def _window(node, x: dt.Data, w: dt.Data) -> tuple[list[int], list[int], list[int]]:
+    """Strides, leading pads and dilations of a convolution over ``x`` (N, C, spatial...) with weights ``w``."""
+    rank = len(x.shape) - 2
+    strides = list(node.strides) if node.strides else [1] * rank
+    dilations = list(node.dilations) if node.dilations else [1] * rank
+    if node.auto_pad in ("NOTSET", "VALID"):
+        pads = list(node.pads) if node.pads and node.auto_pad == "NOTSET" else [0] * (2 * rank)
+        return strides, pads[:rank], dilations
+    # SAME_UPPER/SAME_LOWER (padding="same"): as many output elements as input ones per stride, the odd one of
+    # the padding at the end (upper) or the beginning (lower)
+    kernel = [int(k) for k in w.shape[2:]]
+    leading = []
+    for size, stride, k, dilation in zip(x.shape[2:], strides, kernel, dilations):
+        total = max((-(-int(size) // stride) - 1) * stride + (k - 1) * dilation + 1 - int(size), 0)
+        leading.append(total // 2 if node.auto_pad == "SAME_UPPER" else (total + 1) // 2)
+    return strides, leading, dilations
+
+
+def _applies(node, x: dt.Data) -> bool:
+    return len(x.shape) >= 3
+
+
+def _transpose_applies(node, x: dt.Data) -> bool:
+    # SAME_* pads and a given output_shape derive the pads from the output's shape (PyTorch gives the pads)
+    return len(x.shape) >= 3 and node.auto_pad in ("NOTSET", "VALID") and not node.output_shape
+
+
+def _spatial(prefix: str, rank: int) -> list[str]:
+    return [f"{prefix}{d}" for d in range(rank)]
 
 
 def _conv_loops(node, x: dt.Data, w: dt.Data, y: dt.Data, per_output: str, inner: str, after: str = "") -> str:
-    """C++ visiting every output element of a 2-D convolution (``per_output`` and ``after`` see ``b, m, oh, ow``)
-    and every input element it reads (``inner`` also sees ``c, kh, kw`` and the input element ``b, ci, h, w_``)."""
+    """C++ visiting every output element of a convolution (``per_output`` and ``after`` see ``b, oc, o0..``) and
+    every input element it reads (``inner`` also sees ``ic``, the weight's channel ``wc`` and ``k0.., i0..``)."""
+    rank = len(x.shape) - 2
+    strides, pads, dilations = _window(node, x, w)
     groups = node.group or 1
-    strides = list(node.strides) if node.strides else [1, 1]
-    pads = list(node.pads) if node.pads else [0, 0, 0, 0]
     per_group_in, per_group_out = x.shape[1] // groups, w.shape[0] // groups
-    head, tail = loops(["b", "m", "oh", "ow"], y.shape)
-    inner_head, inner_tail = loops(["c", "kh", "kw"], [per_group_in, w.shape[2], w.shape[3]])
+    out, kernel, image = _spatial("o", rank), _spatial("k", rank), _spatial("i", rank)
+    head, tail = loops(["b", "oc", *out], y.shape)
+    inner_head, inner_tail = loops(["wc", *kernel], w.shape[1:])
+    positions = "".join(
+        f"const long long {i} = {o} * {s} - {p} + {k} * {d};\n"
+        for i, o, k, s, p, d in zip(image, out, kernel, strides, pads, dilations)
+    )
+    outside = " || ".join(f"{i} < 0 || {i} >= {size}" for i, size in zip(image, x.shape[2:]))
     return (
         head
         + per_output
         + inner_head
-        + f"const long long ci = (m / {per_group_out}) * {per_group_in} + c;\n"
-        + f"const long long h = oh * {strides[0]} - {pads[0]} + kh, w_ = ow * {strides[1]} - {pads[1]} + kw;\n"
-        + f"if (h < 0 || h >= {x.shape[2]} || w_ < 0 || w_ >= {x.shape[3]}) continue;\n"
+        + f"const long long ic = (oc / {per_group_out}) * {per_group_in} + wc;\n"
+        + positions
+        + f"if ({outside}) continue;\n"
         + inner
         + inner_tail
         + after
@@ -39,26 +90,266 @@ def _conv_loops(node, x: dt.Data, w: dt.Data, y: dt.Data, per_output: str, inner
     )
 
 
+def _conv_transpose_loops(node, x: dt.Data, w: dt.Data, y: dt.Data, per_input: str, inner: str, after: str = ""):
+    """C++ visiting every input element of a transposed convolution (``per_input`` and ``after`` see
+    ``b, ic, i0..``) and every output element it adds to (``inner`` also sees ``oc``, the weight's channel ``wc``
+    and ``k0.., o0..``): output ``o = i * stride - pad + k * dilation``, the convolution's map turned around."""
+    rank = len(x.shape) - 2
+    strides, pads, dilations = _window(node, x, w)
+    groups = node.group or 1
+    per_group_in, per_group_out = x.shape[1] // groups, w.shape[1]
+    image, kernel, out = _spatial("i", rank), _spatial("k", rank), _spatial("o", rank)
+    head, tail = loops(["b", "ic", *image], x.shape)
+    inner_head, inner_tail = loops(["wc", *kernel], w.shape[1:])
+    positions = "".join(
+        f"const long long {o} = {i} * {s} - {p} + {k} * {d};\n"
+        for o, i, k, s, p, d in zip(out, image, kernel, strides, pads, dilations)
+    )
+    outside = " || ".join(f"{o} < 0 || {o} >= {size}" for o, size in zip(out, y.shape[2:]))
+    return (
+        head
+        + per_input
+        + inner_head
+        + f"const long long oc = (ic / {per_group_in}) * {per_group_out} + wc;\n"
+        + positions
+        + f"if ({outside}) continue;\n"
+        + inner
+        + inner_tail
+        + after
+        + tail
+    )
+
+
+def _element(name: str, desc: dt.Data, channels: list[str], spatial: str) -> str:
+    return at(name, desc, [*channels, *_spatial(spatial, len(desc.shape) - 2)])
+
+
+def _bias_gradient(y: dt.Data) -> str:
+    """C++ adding the output gradient up per channel into ``B_grad`` (zeroed before)."""
+    index = ["b", "oc", *_spatial("o", len(y.shape) - 2)]
+    head, tail = loops(index, y.shape)
+    return head + f"B_grad[oc] += {at('Y_grad', y, index)};\n" + tail
+
+
+# A convolution of one group as matrix products (im2col), which dcnb's BLAS fix (fixes.linalg) runs through a
+# BLAS: the input's windows laid out as the columns of ``cols`` (input channel and kernel offset by batch and
+# output position), the weights as the matrix ``wmat`` (output channel by input channel and kernel offset), and
+# Y = wmat @ cols. Its backward: dW = dY @ cols^T, and dcols = wmat^T @ dY added back into the windows (col2im).
+# A transposed convolution is the same product turned around: cols = wmat^T @ X, added into Y's windows.
+_GEMM_DTYPES = (dace.float32, dace.float64)
+
+
+def _uses_gemm(node, x: dt.Data) -> bool:
+    # grouped convolutions (depthwise ones: a product per channel of a few elements) stay loops
+    return (node.group or 1) == 1 and x.dtype in _GEMM_DTYPES
+
+
+def _add_matrix(sdfg: dace.SDFG, name: str, layout: str, w: dt.Data, dense: dt.Data) -> None:
+    """Add the transient matrix ``name`` laid out as ``cols``, ``wmat`` or ``dense`` (channel by batch and position
+    of ``dense``: the convolution's output, the transposed convolution's input)."""
+    channels, window = int(w.shape[0]), math.prod(int(n) for n in w.shape[1:])
+    positions = int(dense.shape[0]) * math.prod(int(n) for n in dense.shape[2:])
+    shape = {"cols": (window, positions), "wmat": (channels, window), "dense": (channels, positions)}[layout]
+    sdfg.add_array(name, shape, dense.dtype, transient=True)
+
+
+def _columns(node, w: dt.Data, dense: dt.Data, windowed: dt.Data, inside: str, outside: str = "") -> str:
+    """C++ over the elements of ``cols`` in order (``ci``, its offset; the weight's channel and kernel offset by
+    the batch and position of ``dense``): ``inside`` where one is an element of ``windowed`` (``wi``, its offset),
+    ``outside`` where it falls into the padding. ``windowed`` is a convolution's input, a transposed one's output."""
+    rank = len(dense.shape) - 2
+    # a convolution's input sizes its SAME pads; a transposed convolution has explicit pads only
+    strides, pads, dilations = _window(node, windowed, w)
+    kernel, at_dense, at_windowed = _spatial("k", rank), _spatial("p", rank), _spatial("q", rank)
+    head, tail = loops(["c", *kernel, "b", *at_dense], [*w.shape[1:], dense.shape[0], *dense.shape[2:]])
+    positions = "".join(
+        f"const long long {q} = {p} * {s} - {pad} + {k} * {d};\n"
+        for q, p, k, s, pad, d in zip(at_windowed, at_dense, kernel, strides, pads, dilations)
+    )
+    within = " && ".join(f"{q} >= 0 && {q} < {size}" for q, size in zip(at_windowed, windowed.shape[2:]))
+    return (
+        "long long ci = 0;\n"
+        + head
+        + positions
+        + f"if ({within}) {{\nconst long long wi = {offset(windowed, ['b', 'c', *at_windowed])};\n{inside}}}"
+        + (f" else {{\n{outside}}}\n" if outside else "\n")
+        + "++ci;\n"
+        + tail
+    )
+
+
+def _contiguous_offset(shape, index: list[str]) -> str:
+    return offset(dt.Array(dace.float32, shape), index)
+
+
+def _weights_matrix(name: str, w: dt.Data, matrix: str, to_matrix: bool) -> str:
+    """C++ copying the weights (or their gradient) ``name`` into ``matrix``, laid out as ``wmat``, or back."""
+    index = [f"w{d}" for d in range(len(w.shape))]
+    head, tail = loops(index, w.shape)
+    pair = (f"{matrix}[{_contiguous_offset(w.shape, index)}]", at(name, w, index))
+    return head + f"{pair[0 if to_matrix else 1]} = {pair[1 if to_matrix else 0]};\n" + tail
+
+
+def _dense_matrix(name: str, desc: dt.Data, matrix: str, to_matrix: bool, bias: str = "") -> str:
+    """C++ copying ``name`` (batch, channel, positions) into ``matrix``, laid out as ``dense`` (channel by batch
+    and position), or back, adding ``bias`` (seen by ``oc``)."""
+    out = _spatial("o", len(desc.shape) - 2)
+    head, tail = loops(["b", "oc", *out], desc.shape)
+    per_sample = math.prod(int(n) for n in desc.shape[2:])
+    flat = f"oc * {per_sample * int(desc.shape[0])} + b * {per_sample} + {_contiguous_offset(desc.shape[2:], out)}"
+    element = at(name, desc, ["b", "oc", *out])
+    copy = f"{matrix}[{flat}] = {element};\n" if to_matrix else f"{element} = {matrix}[{flat}]{bias};\n"
+    return head + copy + tail
+
+
+def _gemm_state(sdfg: dace.SDFG, a: str, b: str, c: str, trans_a: bool = False, trans_b: bool = False):
+    """A state computing ``c = a @ b`` (either transposed) with DaCe's Gemm node, which dcnb expands to a BLAS."""
+    state = sdfg.add_state()
+    gemm = Gemm(f"{c}_gemm", transA=trans_a, transB=trans_b, alpha=1, beta=0)
+    state.add_node(gemm)
+    for name, connector in ((a, "_a"), (b, "_b")):
+        state.add_edge(state.add_read(name), None, gemm, connector, dace.Memlet.from_array(name, sdfg.arrays[name]))
+    state.add_edge(gemm, "_c", state.add_write(c), None, dace.Memlet.from_array(c, sdfg.arrays[c]))
+    return state
+
+
+def _chain(sdfg: dace.SDFG, states: list) -> None:
+    for before, after in itertools.pairwise(states):
+        sdfg.add_edge(before, after, dace.InterstateEdge())
+
+
+def _conv_gemm_expansion(node, state, sdfg) -> dace.SDFG:
+    x, w = in_desc_with_name(node, state, sdfg, "X"), in_desc_with_name(node, state, sdfg, "W")
+    y = out_desc_with_name(node, state, sdfg, "Y")
+    nsdfg, inputs, _ = expansion_sdfg(node, state, sdfg)
+    for name in ("cols", "wmat", "dense"):
+        _add_matrix(nsdfg, name, name, w, y)
+    layout = _columns(node, w, y, x, "cols[ci] = X[wi];\n", "cols[ci] = 0;\n")
+    layout += _weights_matrix("W", w, "wmat", True)
+    bias = " + B[oc]" if "B" in inputs else ""
+    output = _dense_matrix("Y", y, "dense", False, bias)
+    _chain(
+        nsdfg,
+        [
+            cpp_tasklet(nsdfg, "im2col", ["X", "W"], ["cols", "wmat"], layout),
+            _gemm_state(nsdfg, "wmat", "cols", "dense"),
+            cpp_tasklet(nsdfg, "output", ["dense", *(["B"] if bias else [])], ["Y"], output),
+        ],
+    )
+    return nsdfg
+
+
+def _conv_gemm_backward(forward_node, context, wanted: list[str]):
+    x, w = forward_in(forward_node, context, "X"), forward_in(forward_node, context, "W")
+    y = forward_out(forward_node, context, "Y")
+    reads = [n for n in ("X", "W") if {"X": "W", "W": "X"}[n] in wanted]
+    node, result = autodiff_utils.add_empty_sdfg_for_node(
+        forward_node, ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)], context
+    )
+    sdfg, states = node.sdfg, []
+    if "X" in wanted or "W" in wanted:
+        _add_matrix(sdfg, "dy", "dense", w, y)
+        states.append(cpp_tasklet(sdfg, "dy", ["Y_grad"], ["dy"], _dense_matrix("Y_grad", y, "dy", True)))
+    if "W" in wanted:
+        _add_matrix(sdfg, "cols", "cols", w, y)
+        _add_matrix(sdfg, "dw", "wmat", w, y)
+        im2col = _columns(forward_node, w, y, x, "cols[ci] = X[wi];\n", "cols[ci] = 0;\n")
+        states.append(cpp_tasklet(sdfg, "im2col", ["X"], ["cols"], im2col))
+        states.append(_gemm_state(sdfg, "dy", "cols", "dw", trans_b=True))
+        states.append(cpp_tasklet(sdfg, "dw", ["dw"], ["W_grad"], _weights_matrix("W_grad", w, "dw", False)))
+    if "X" in wanted:
+        _add_matrix(sdfg, "wmat", "wmat", w, y)
+        _add_matrix(sdfg, "dcols", "cols", w, y)
+        states.append(cpp_tasklet(sdfg, "weights", ["W"], ["wmat"], _weights_matrix("W", w, "wmat", True)))
+        states.append(_gemm_state(sdfg, "wmat", "dy", "dcols", trans_a=True))
+        col2im = zero("X_grad", x) + _columns(forward_node, w, y, x, "X_grad[wi] += dcols[ci];\n")
+        states.append(cpp_tasklet(sdfg, "col2im", ["dcols"], ["X_grad"], col2im))
+    if "B" in wanted:
+        states.append(_bias_gradient_state(sdfg, forward_node, context, y))
+    _chain(sdfg, states)
+    return node, result
+
+
+def _bias_gradient_state(sdfg: dace.SDFG, forward_node, context, y: dt.Data):
+    body = zero("B_grad", forward_in(forward_node, context, "B")) + _bias_gradient(y)
+    return cpp_tasklet(sdfg, "db", ["Y_grad"], ["B_grad"], body)
+
+
+def _conv_transpose_gemm_expansion(node, state, sdfg) -> dace.SDFG:
+    x, w = in_desc_with_name(node, state, sdfg, "X"), in_desc_with_name(node, state, sdfg, "W")
+    y = out_desc_with_name(node, state, sdfg, "Y")
+    nsdfg, inputs, _ = expansion_sdfg(node, state, sdfg)
+    for name in ("cols", "wmat", "dense"):
+        _add_matrix(nsdfg, name, name, w, x)
+    layout = _dense_matrix("X", x, "dense", True) + _weights_matrix("W", w, "wmat", True)
+    index = ["b", "oc", *_spatial("o", len(y.shape) - 2)]
+    head, tail = loops(index, y.shape)
+    # every output element starts at its bias: output_padding's trailing ones receive nothing else
+    col2im = head + f"{at('Y', y, index)} = {'B[oc]' if 'B' in inputs else '0'};\n" + tail
+    col2im += _columns(node, w, x, y, "Y[wi] += cols[ci];\n")
+    _chain(
+        nsdfg,
+        [
+            cpp_tasklet(nsdfg, "layout", ["X", "W"], ["dense", "wmat"], layout),
+            _gemm_state(nsdfg, "wmat", "dense", "cols", trans_a=True),
+            cpp_tasklet(nsdfg, "col2im", ["cols", *(["B"] if "B" in inputs else [])], ["Y"], col2im),
+        ],
+    )
+    return nsdfg
+
+
+def _conv_transpose_gemm_backward(forward_node, context, wanted: list[str]):
+    x, w = forward_in(forward_node, context, "X"), forward_in(forward_node, context, "W")
+    y = forward_out(forward_node, context, "Y")
+    reads = [n for n in ("X", "W") if {"X": "W", "W": "X"}[n] in wanted]
+    node, result = autodiff_utils.add_empty_sdfg_for_node(
+        forward_node, ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)], context
+    )
+    sdfg, states = node.sdfg, []
+    if "X" in wanted or "W" in wanted:
+        _add_matrix(sdfg, "dcols", "cols", w, x)
+        im2col = _columns(forward_node, w, x, y, "dcols[ci] = Y_grad[wi];\n", "dcols[ci] = 0;\n")
+        states.append(cpp_tasklet(sdfg, "im2col", ["Y_grad"], ["dcols"], im2col))
+    if "W" in wanted:
+        _add_matrix(sdfg, "dense", "dense", w, x)
+        _add_matrix(sdfg, "dw", "wmat", w, x)
+        states.append(cpp_tasklet(sdfg, "input", ["X"], ["dense"], _dense_matrix("X", x, "dense", True)))
+        states.append(_gemm_state(sdfg, "dense", "dcols", "dw", trans_b=True))
+        states.append(cpp_tasklet(sdfg, "dw", ["dw"], ["W_grad"], _weights_matrix("W_grad", w, "dw", False)))
+    if "X" in wanted:
+        _add_matrix(sdfg, "wmat", "wmat", w, x)
+        _add_matrix(sdfg, "dx", "dense", w, x)
+        states.append(cpp_tasklet(sdfg, "weights", ["W"], ["wmat"], _weights_matrix("W", w, "wmat", True)))
+        states.append(_gemm_state(sdfg, "wmat", "dcols", "dx"))
+        states.append(cpp_tasklet(sdfg, "dx", ["dx"], ["X_grad"], _dense_matrix("X_grad", x, "dx", False)))
+    if "B" in wanted:
+        states.append(_bias_gradient_state(sdfg, forward_node, context, y))
+    _chain(sdfg, states)
+    return node, result
+
+
 @pure_expansion("Conv", name="dcnb")
 class ConvExpansion(ONNXForward):
-    # gap: DaCe's pure Conv takes the output's height bound from its width and the strides the other way round,
-    # so a convolution with a non-square output or unequal strides computed wrong values
+    # gap: DaCe's pure Conv covers 2-D images without dilation only, and takes the output's height bound from its
+    # width and the strides the other way round (a non-square output or unequal strides computed wrong values)
     @staticmethod
     def forward_can_be_applied(node, state, sdfg) -> bool:
-        return _conv_applies(node, in_desc_with_name(node, state, sdfg, "X"))
+        return _applies(node, in_desc_with_name(node, state, sdfg, "X"))
 
     @staticmethod
     def forward(node, state, sdfg):
         x, w = in_desc_with_name(node, state, sdfg, "X"), in_desc_with_name(node, state, sdfg, "W")
+        if _uses_gemm(node, x):
+            return _conv_gemm_expansion(node, state, sdfg)
         y = out_desc_with_name(node, state, sdfg, "Y")
         body = _conv_loops(
             node,
             x,
             w,
             y,
-            f"double acc = {'B[m]' if 'B' in node.in_connectors else '0'};\n",
-            f"acc += (double){at('W', w, ['m', 'c', 'kh', 'kw'])} * {at('X', x, ['b', 'ci', 'h', 'w_'])};\n",
-            f"{at('Y', y, ['b', 'm', 'oh', 'ow'])} = acc;\n",
+            f"double acc = {'B[oc]' if 'B' in node.in_connectors else '0'};\n",
+            f"acc += (double){_element('W', w, ['oc', 'wc'], 'k')} * {_element('X', x, ['b', 'ic'], 'i')};\n",
+            f"{_element('Y', y, ['b', 'oc'], 'o')} = acc;\n",
         )
         return cpp_expansion(node, state, sdfg, body)
 
@@ -69,24 +360,90 @@ class ConvBackward(BackwardImplementation):
     # which does not compile on CPU: every network with a convolution failed to build its backward
     @staticmethod
     def backward_can_be_applied(node, state, sdfg) -> bool:
-        return _conv_applies(node, in_desc_with_name(node, state, sdfg, "X"))
+        return _applies(node, in_desc_with_name(node, state, sdfg, "X"))
 
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
         x, w = forward_in(forward_node, context, "X"), forward_in(forward_node, context, "W")
         y = forward_out(forward_node, context, "Y")
         wanted = [n for n in ("X", "W", "B") if n in required_gradients]
+        if _uses_gemm(forward_node, x):
+            return _conv_gemm_backward(forward_node, context, wanted)
         body = "".join(zero(f"{n}_grad", forward_in(forward_node, context, n)) for n in wanted)
-        per_output = f"const auto dy = {at('Y_grad', y, ['b', 'm', 'oh', 'ow'])};\n"
-        per_output += "B_grad[m] += dy;\n" if "B" in wanted else ""
+        per_output = f"const auto dy = {_element('Y_grad', y, ['b', 'oc'], 'o')};\n"
         inner = ""
         if "W" in wanted:
-            inner += f"{at('W_grad', w, ['m', 'c', 'kh', 'kw'])} += dy * {at('X', x, ['b', 'ci', 'h', 'w_'])};\n"
+            inner += f"{_element('W_grad', w, ['oc', 'wc'], 'k')} += dy * {_element('X', x, ['b', 'ic'], 'i')};\n"
         if "X" in wanted:
-            inner += f"{at('X_grad', x, ['b', 'ci', 'h', 'w_'])} += dy * {at('W', w, ['m', 'c', 'kh', 'kw'])};\n"
-        body += _conv_loops(forward_node, x, w, y, per_output, inner)
+            inner += f"{_element('X_grad', x, ['b', 'ic'], 'i')} += dy * {_element('W', w, ['oc', 'wc'], 'k')};\n"
+        if inner:
+            body += _conv_loops(forward_node, x, w, y, per_output, inner)
+        if "B" in wanted:
+            body += _bias_gradient(y)
         reads = [n for n in ("X", "W") if {"X": "W", "W": "X"}[n] in wanted]
         return cpp_backward(forward_node, context, ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)], body)
 
 
 default_backward("Conv")
+
+
+@pure_expansion("ConvTranspose")
+class ConvTransposeExpansion(ONNXForward):
+    # gap: DaCe has no implementation of the ONNX op ConvTranspose (nn.ConvTranspose1d/2d/3d, decoders, U-Nets)
+    @staticmethod
+    def forward_can_be_applied(node, state, sdfg) -> bool:
+        return _transpose_applies(node, in_desc_with_name(node, state, sdfg, "X"))
+
+    @staticmethod
+    def forward(node, state, sdfg):
+        x, w = in_desc_with_name(node, state, sdfg, "X"), in_desc_with_name(node, state, sdfg, "W")
+        if _uses_gemm(node, x):
+            return _conv_transpose_gemm_expansion(node, state, sdfg)
+        y = out_desc_with_name(node, state, sdfg, "Y")
+        index = ["b", "oc", *_spatial("o", len(y.shape) - 2)]
+        head, tail = loops(index, y.shape)
+        # every output element starts at its bias: output_padding's trailing ones receive nothing else
+        body = head + f"{at('Y', y, index)} = {'B[oc]' if 'B' in node.in_connectors else '0'};\n" + tail
+        body += _conv_transpose_loops(
+            node,
+            x,
+            w,
+            y,
+            f"const auto xv = {_element('X', x, ['b', 'ic'], 'i')};\n",
+            f"{_element('Y', y, ['b', 'oc'], 'o')} += xv * {_element('W', w, ['ic', 'wc'], 'k')};\n",
+        )
+        return cpp_expansion(node, state, sdfg, body)
+
+
+@autoregister_params(op="ConvTranspose", name="dcnb")
+class ConvTransposeBackward(BackwardImplementation):
+    # gap: DaCe has no backward for ConvTranspose (its expansion above is a C++ loop autodiff cannot read)
+    @staticmethod
+    def backward_can_be_applied(node, state, sdfg) -> bool:
+        return _transpose_applies(node, in_desc_with_name(node, state, sdfg, "X"))
+
+    @staticmethod
+    def backward(forward_node, context, given_gradients, required_gradients):
+        x, w = forward_in(forward_node, context, "X"), forward_in(forward_node, context, "W")
+        y = forward_out(forward_node, context, "Y")
+        wanted = [n for n in ("X", "W", "B") if n in required_gradients]
+        if _uses_gemm(forward_node, x):
+            return _conv_transpose_gemm_backward(forward_node, context, wanted)
+        body = "".join(zero(f"{n}_grad", forward_in(forward_node, context, n)) for n in ("W", "B") if n in wanted)
+        per_input = "double acc = 0;\n" if "X" in wanted else ""
+        per_input += f"const auto xv = {_element('X', x, ['b', 'ic'], 'i')};\n" if "W" in wanted else ""
+        inner = f"const auto dy = {_element('Y_grad', y, ['b', 'oc'], 'o')};\n"
+        if "W" in wanted:
+            inner += f"{_element('W_grad', w, ['ic', 'wc'], 'k')} += xv * dy;\n"
+        if "X" in wanted:
+            inner += f"acc += (double)dy * {_element('W', w, ['ic', 'wc'], 'k')};\n"
+        after = f"{_element('X_grad', x, ['b', 'ic'], 'i')} = acc;\n" if "X" in wanted else ""
+        if "X" in wanted or "W" in wanted:
+            body += _conv_transpose_loops(forward_node, x, w, y, per_input, inner, after)
+        if "B" in wanted:
+            body += _bias_gradient(y)
+        reads = [n for n in ("X", "W") if {"X": "W", "W": "X"}[n] in wanted]
+        return cpp_backward(forward_node, context, ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)], body)
+
+
+default_backward("ConvTranspose")

@@ -1,5 +1,10 @@
 """C++ loops over described arrays: the bodies of dcnb's expansions and backward rules that DaCe's maps cannot
-express (windows, gathers, per-sample loops)."""
+express (windows, gathers, per-sample loops).
+
+Bodies read an array element into a local before choosing with it (``const auto dy = g[i]; y[i] = c ? dy : 0;``),
+never ``c ? g[i] : 0``: GCC 12.2 (Debian 12's) vectorizes the latter into masked loads that reuse one vector's mask
+for the next, and so drops elements (ReLU6's gradient was 0 for some inputs in range).
+"""
 
 from __future__ import annotations
 
@@ -40,9 +45,9 @@ def loops(variables: list[str], sizes: list) -> tuple[str, str]:
     return head, "}\n" * len(variables)
 
 
-def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[str], body: str) -> None:
+def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[str], body: str) -> dace.SDFGState:
     """Add a state to ``sdfg`` running ``body`` (C++) over its arrays, each reachable in ``body`` as a pointer
-    of its own name."""
+    of its own name; returns it."""
     state = sdfg.add_state()
     # the names are declared in a block of their own: they shadow the SDFG's arguments, which DaCe assigns
     # scalar outputs to after the tasklet
@@ -71,10 +76,12 @@ def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[st
         state.add_edge(state.add_read(n), None, tasklet, f"_c_{n}", dace.Memlet.from_array(n, sdfg.arrays[n]))
     for n in outputs:
         state.add_edge(tasklet, f"_c_{n}", state.add_write(n), None, dace.Memlet.from_array(n, sdfg.arrays[n]))
+    return state
 
 
-def cpp_expansion(node: ONNXOp, state, sdfg, body: str) -> dace.SDFG:
-    """The expansion of ``node`` into ``body`` (C++) over its connectors' arrays, named as the connectors."""
+def expansion_sdfg(node: ONNXOp, state, sdfg) -> tuple[dace.SDFG, list[str], list[str]]:
+    """An empty SDFG for the expansion of ``node``, with its connectors' arrays named as the connectors, and the
+    names of its inputs and outputs."""
     nsdfg = dace.SDFG(f"{node.label}_expansion")
     inputs, outputs = [], []
     for edge, is_input in node.iter_edges(state):
@@ -83,6 +90,12 @@ def cpp_expansion(node: ONNXOp, state, sdfg, body: str) -> dace.SDFG:
         desc.transient = False
         nsdfg.add_datadesc(name, desc)
         (inputs if is_input else outputs).append(name)
+    return nsdfg, inputs, outputs
+
+
+def cpp_expansion(node: ONNXOp, state, sdfg, body: str) -> dace.SDFG:
+    """The expansion of ``node`` into ``body`` (C++) over its connectors' arrays, named as the connectors."""
+    nsdfg, inputs, outputs = expansion_sdfg(node, state, sdfg)
     cpp_tasklet(nsdfg, f"{node.label}_tasklet", inputs, outputs, body)
     return nsdfg
 

@@ -1,47 +1,294 @@
-"""Elementwise ops: activations DaCe has no expansion for, and Where's backward under broadcasting."""
+"""Elementwise ops: activations, math, comparisons and logic DaCe has no expansion for (or expands wrong), and
+Where's backward under broadcasting."""
 
 from __future__ import annotations
+
+import copy
+import functools
 
 import dace
 from dace.autodiff.base_abc import BackwardImplementation
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
-from dace.libraries.onnx.op_implementations.utils import program_for_node
+from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.registry import autoregister_params
-from dace.sdfg.utils import in_desc_with_name
+from dace.sdfg.utils import out_desc_with_name
+from dace.transformation.onnx import constant_folding
+from dace.transformation.onnx.replacement import onnx_constant_or_none
 
+from ..errors import UnsupportedOpError
 from .array_ops import broadcast_index
 from .cpp import at, cpp_backward, forward_in, forward_out, loops, zero
 from .registry import default_backward, pure_expansion
 
 
-@pure_expansion("HardSigmoid")
-class HardSigmoidExpansion(ONNXForward):
-    # gap: DaCe has no implementation of the ONNX op HardSigmoid (nn.Hardsigmoid)
+def _mapped(node, state, sdfg, expression, constants: tuple[str, ...] = ()) -> dace.SDFG:
+    """The op as one map over its output, whose element is ``expression(t, operands)``: Python over the elements of
+    the inputs (numpy-style broadcast), ``operands`` by connector in ONNX order, constants typed by ``t`` (e.g.
+    "dace.float32"). Inputs named in ``constants`` that hold a constant scalar enter as that number, and their
+    input is removed: a backward rule of the op must not read it (Clip's folds the same constants). Autodiff
+    differentiates the expression (a Python tasklet) where the op has no backward rule."""
+    y_name = next(iter(node.out_connectors))
+    y = copy.deepcopy(out_desc_with_name(node, state, sdfg, y_name))
+    edges = list(node.iter_inputs_in_onnx_order(state))
+    t = f"dace.{sdfg.arrays[edges[0].data.data].dtype.to_string()}"
+    nsdfg = dace.SDFG(f"{node.label}_expansion")
+    shape = list(y.shape) or [1]
+    params = [f"__i{i}" for i in range(len(shape))]
+    operands, memlets = {}, {}
+    for k, edge in enumerate(edges):
+        value = onnx_constant_or_none(sdfg, edge.src.data) if edge.dst_conn in constants else None
+        if isinstance(value, (int, float)):
+            constant_folding.remove_node_and_computation(sdfg, state, node, edge.dst_conn)
+            operands[edge.dst_conn] = f"{t}({value!r})"
+            continue
+        desc = copy.deepcopy(sdfg.arrays[edge.data.data])
+        desc.transient = False
+        nsdfg.add_datadesc(edge.dst_conn, desc)
+        read = ", ".join(broadcast_index(desc, shape, params)) or "0"
+        memlets[f"__x{k}"] = dace.Memlet(f"{edge.dst_conn}[{read}]")
+        operands[edge.dst_conn] = f"__x{k}"
+    y.transient = False
+    nsdfg.add_datadesc(y_name, y)
+    nsdfg.add_state().add_mapped_tasklet(
+        f"{node.label}_map",
+        {p: f"0:{s}" for p, s in zip(params, shape)},
+        memlets,
+        f"__y = {expression(t, operands)}",
+        {"__y": dace.Memlet(f"{y_name}[{', '.join(params) if y.shape else '0'}]")},
+        external_edges=True,
+    )
+    return nsdfg
+
+
+def _register(op: str, expression, name: str = "pure", constants: tuple[str, ...] = ()) -> None:
+    """Register ``expression(t, operands, node)`` (see ``_mapped``) as the expansion of the ONNX op ``op``."""
+
+    class Expansion(ONNXForward):
+        @staticmethod
+        def forward(node, state, sdfg):
+            return _mapped(node, state, sdfg, lambda t, operands: expression(t, operands, node), constants)
+
+    Expansion.__name__ = f"{op}Expansion"
+    pure_expansion(op, name)(Expansion)
+
+
+def _unary(op: str, expression) -> None:
+    """Register ``expression(t, x, node)`` for an op of one input."""
+    _register(op, lambda t, operands, node: expression(t, *operands.values(), node))
+
+
+def _nary(op: str, expression) -> None:
+    """Register ``expression(t, *inputs)`` for an op of any number of inputs."""
+    _register(op, lambda t, operands, node: expression(t, *operands.values()))
+
+
+def _elu(t: str, x: str, alpha: float, scale: float = 1.0, by: float = 1.0) -> str:
+    """scale * (x for x > 0, else alpha * (exp(x / by) - 1)): ELU, SELU (scaled), CELU (by alpha)."""
+    # the exponential of the negative part only: exp of a large x is inf, and its derivative times 0 a NaN
+    negative = f"{t}({alpha!r}) * (exp(min({x}, {t}(0)) / {t}({by!r})) - {t}(1))"
+    return f"{t}({scale!r}) * (max({x}, {t}(0)) + {negative})"
+
+
+def _mod(t: str, a: str, b: str, fmod: int) -> str:
+    if fmod:
+        return f"fmod({a}, {b})"
+    if t.startswith("dace.float"):
+        return f"{a} - {b} * floor({a} / {b})"
+    return f"(({a} % {b}) + {b}) % {b}"  # C++'s % truncates toward zero; Python's and PyTorch's floor
+
+
+def _is_inf(x: str, negative: int, positive: int) -> str:
+    """Whether ``x`` is infinite with a sign IsInf detects."""
+    if negative and positive:
+        return f"isinf({x})"
+    if negative or positive:
+        return f"isinf({x}) and {x} {'<' if negative else '>'} 0"
+    return "False"
+
+
+def _clip(t: str, operands: dict[str, str]) -> str:
+    # conditionals, not min and max: the nested SDFG's arrays are named as Clip's connectors, min and max, which
+    # hide the functions in the generated C++; a NaN passes through, as in PyTorch
+    x = operands["input"]
+    if "max" in operands:
+        x = f"({operands['max']} if {x} > {operands['max']} else {x})"
+    if "min" in operands:
+        x = f"({operands['min']} if {operands['input']} < {operands['min']} else {x})"
+    return x
+
+
+# gap: DaCe has no implementation of these ONNX ops (nn.Hardsigmoid, Hardswish as in MobileNetV3, ELU, SELU, CELU,
+# Softsign's |x|, torch.atan and kin)
+_unary("HardSigmoid", lambda t, x, n: f"max({t}(0), min({t}(1), {t}({n.alpha!r}) * {x} + {t}({n.beta!r})))")
+_unary("HardSwish", lambda t, x, n: f"{x} * min(max({x} + {t}(3), {t}(0)), {t}(6)) / {t}(6)")
+_unary("Elu", lambda t, x, n: _elu(t, x, n.alpha))
+_unary("Selu", lambda t, x, n: _elu(t, x, n.alpha, scale=n.gamma))
+_unary("Celu", lambda t, x, n: _elu(t, x, n.alpha, by=n.alpha))
+_unary("Abs", lambda t, x, n: f"max({x}, -{x})")  # max's derivative is sign(x), 0 at 0 as PyTorch's
+for _name in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"):
+    _unary(_name, lambda t, x, n, f=_name.lower(): f"{f}({x})")
+# gap: DaCe has no implementation of these piecewise constant ONNX ops (their derivative, 0: ZeroBackward)
+_unary("Sign", lambda t, x, n: f"{t}({x} > 0) - {t}({x} < 0)")
+_unary("Floor", lambda t, x, n: f"floor({x})")
+_unary("Ceil", lambda t, x, n: f"ceil({x})")
+_unary("Round", lambda t, x, n: f"nearbyint({x})")  # halves to even, as ONNX and torch.round (round() goes up)
+# gap: DaCe has no implementation of ONNX comparisons and logic (masks: x > 0, ~mask, a & b)
+COMPARISONS = {"Greater": ">", "Less": "<", "GreaterOrEqual": ">=", "LessOrEqual": "<=", "Equal": "=="}
+for _name, _op in COMPARISONS.items():
+    _nary(_name, lambda t, a, b, o=_op: f"{a} {o} {b}")
+_nary("And", lambda t, a, b: f"{a} and {b}")
+_nary("Or", lambda t, a, b: f"{a} or {b}")
+_nary("Xor", lambda t, a, b: f"{a} != {b}")
+_unary("Not", lambda t, x, n: f"not {x}")
+# gap: DaCe has no implementation of the ONNX ops IsNaN and IsInf (scaled_dot_product_attention with a boolean mask)
+_unary("IsNaN", lambda t, x, n: f"isnan({x})")
+_unary("IsInf", lambda t, x, n: _is_inf(x, n.detect_negative, n.detect_positive))
+# gap: DaCe has no implementation of the ONNX ops Max, Min (torch.maximum, minimum; variadic) and PRelu
+_nary("Max", lambda t, *xs: functools.reduce(lambda a, b: f"max({a}, {b})", xs))
+_nary("Min", lambda t, *xs: functools.reduce(lambda a, b: f"min({a}, {b})", xs))
+_nary("PRelu", lambda t, x, slope: f"max({x}, {t}(0)) + {slope} * min({x}, {t}(0))")
+# gap: DaCe has no implementation of the ONNX op Mod (%, torch.remainder and fmod); fmod=0 rounds the quotient down
+_register("Mod", lambda t, o, n: _mod(t, o["A"], o["B"], n.fmod), name="pure")
+# gap: DaCe's Pow truncates a constant exponent to an integer (x ** 0.5 computed x ** 0)
+_register("Pow", lambda t, o, n: f"{o['X']} ** {o['Y']}", name="dcnb", constants=("Y",))
+# gap: DaCe's Clip needs both bounds (clamp_min crashed with StopIteration), and constant ones
+_register("Clip", lambda t, o, n: _clip(t, o), name="dcnb", constants=("min", "max"))
+
+
+FLOATS = (dace.float16, dace.float32, dace.float64)
+
+
+class ZeroBackward(BackwardImplementation):
+    """The derivative of a piecewise constant op (or of a comparison): zero wherever it is defined, as PyTorch's."""
+
     @staticmethod
-    def forward(node, state, sdfg):
-        alpha, beta = node.alpha, node.beta
-        return _elementwise(
-            node, state, sdfg, lambda t: f"lambda x: max({t}(0), min({t}(1), {t}({alpha!r}) * x + {t}({beta!r})))"
+    def backward(forward_node, context, given_gradients, required_gradients):
+        body = "".join(zero(f"{n}_grad", forward_in(forward_node, context, n)) for n in required_gradients)
+        # autodiff gives a boolean result (a comparison's) no gradient to connect; a numeric one is connected, unread
+        given = [n for n in given_gradients if forward_out(forward_node, context, n).dtype != dace.bool_]
+        names = [f"{n}_grad" for n in given + list(required_gradients)]
+        return cpp_backward(forward_node, context, names, body)
+
+
+# gap: DaCe's autodiff has no rule for these ops, and fails on the maps of their expansions (boolean results)
+for _name in ("Sign", "Floor", "Ceil", "Round", *COMPARISONS, "And", "Or", "Xor", "Not", "IsNaN", "IsInf"):
+    autoregister_params(op=_name, name="dcnb")(type(f"{_name}Backward", (ZeroBackward,), {}))
+    default_backward(_name)
+
+
+@autoregister_params(node_type=ONNXOp, name="dcnb_no_gradient")
+class NoGradientBackward(ZeroBackward):
+    # gap: DaCe's autodiff differentiates everything upstream of the outputs, integer and boolean results too, and
+    # fails on the maps of their expansions (a padding mask gathered from attention_mask: BERT)
+    @staticmethod
+    def backward_can_be_applied(node, state, sdfg) -> bool:
+        outputs = [sdfg.arrays[e.data.data].dtype for e in state.out_edges(node)]
+        return bool(outputs) and all(dtype not in FLOATS for dtype in outputs)
+
+
+@autoregister_params(op="Cast", name="dcnb")
+class CastBackward(BackwardImplementation):
+    # gap: DaCe's autodiff has no rule for Cast and fails on its expansion's map (a mask's bool to float: Equal)
+    @staticmethod
+    def backward(forward_node, context, given_gradients, required_gradients):
+        x, y = forward_in(forward_node, context, "input"), forward_out(forward_node, context, "output")
+        if x.dtype not in FLOATS or y.dtype not in FLOATS:
+            return ZeroBackward.backward(forward_node, context, given_gradients, required_gradients)
+        index = [f"i{k}" for k in range(len(y.shape))]
+        head, tail = loops(index, y.shape)
+        body = head + f"{at('input_grad', x, index)} = {at('output_grad', y, index)};\n" + tail
+        return cpp_backward(forward_node, context, ["output_grad", "input_grad"], body)
+
+
+default_backward("Cast")
+
+
+@autoregister_params(op="Mod", name="dcnb")
+class ModBackward(BackwardImplementation):
+    # gap: sympy cannot differentiate Mod's expansion (C++ fmod, or an integer %): a - b * q has derivatives 1 and -q
+    @staticmethod
+    def backward(forward_node, context, given_gradients, required_gradients):
+        y = forward_out(forward_node, context, "C")
+        if y.dtype not in FLOATS:
+            return ZeroBackward.backward(forward_node, context, given_gradients, required_gradients)
+        a, b = forward_in(forward_node, context, "A"), forward_in(forward_node, context, "B")
+        index = [f"i{k}" for k in range(len(y.shape))]
+        head, tail = loops(index, y.shape)
+        quotient = f"{at('A', a, broadcast_index(a, y.shape, index))} / {at('B', b, broadcast_index(b, y.shape, index))}"
+        body = "".join(zero(f"{n}_grad", forward_in(forward_node, context, n)) for n in required_gradients) + head
+        body += f"const auto dy = {at('C_grad', y, index)};\n"
+        body += f"const auto q = {'trunc' if forward_node.fmod else 'floor'}({quotient});\n"
+        for n, desc, term in (("A", a, "dy"), ("B", b, "-dy * q")):
+            if n in required_gradients:
+                body += f"{at(f'{n}_grad', desc, broadcast_index(desc, y.shape, index))} += {term};\n"
+        body += tail
+        return cpp_backward(
+            forward_node, context, ["A", "B", "C_grad", *(f"{n}_grad" for n in required_gradients)], body
         )
 
 
-@pure_expansion("HardSwish")
-class HardSwishExpansion(ONNXForward):
-    # gap: DaCe has no implementation of the ONNX op HardSwish (nn.Hardswish, MobileNetV3)
+default_backward("Mod")
+
+
+@autoregister_params(op="Dropout", name="dcnb")
+class DropoutWithoutMaskBackward(BackwardImplementation):
+    # gap: DaCe's Dropout backward needs the mask output, which the exporter leaves out where nothing is dropped
+    # (p=0 in training mode, as transformers' configs have it): every transformer in training mode failed
     @staticmethod
-    def forward(node, state, sdfg):
-        return _elementwise(node, state, sdfg, lambda t: f"lambda x: x * min(max(x + {t}(3), {t}(0)), {t}(6)) / {t}(6)")
+    def backward_can_be_applied(node, state, sdfg) -> bool:
+        return "mask" not in node.out_connectors
+
+    @staticmethod
+    def backward(forward_node, context, given_gradients, required_gradients):
+        constants = {
+            e.dst_conn: onnx_constant_or_none(context.forward_sdfg, e.src.data)
+            for e in context.forward_state.in_edges(forward_node)
+            if e.dst_conn in ("ratio", "training_mode")
+        }
+        if constants.get("training_mode") and constants.get("ratio", 0.5) != 0:
+            raise UnsupportedOpError(
+                f"{forward_node.label} drops values in training mode without exporting its mask, so its gradient "
+                "cannot be computed; export it with a probability of 0 or in eval mode"
+            )
+        x, y = forward_in(forward_node, context, "data"), forward_out(forward_node, context, "output")
+        index = [f"i{k}" for k in range(len(y.shape))]
+        head, tail = loops(index, y.shape)
+        body = head + f"{at('data_grad', x, index)} = {at('output_grad', y, index)};\n" + tail
+        return cpp_backward(forward_node, context, ["output_grad", "data_grad"], body)
 
 
-def _elementwise(node, state, sdfg, lambda_for):
-    """The op Y = f(X) as one elementwise map; ``lambda_for(t)`` is f's source, its constants typed as the input's
-    dtype ``t`` (e.g. "dace.float32")."""
-    fn = lambda_for(f"dace.{in_desc_with_name(node, state, sdfg, 'X').dtype.to_string()}")
+default_backward("Dropout")
 
-    def prog(X, Y):
-        Y[:] = dace.elementwise(fn, X)
 
-    return program_for_node(prog, sdfg, state, node)
+@autoregister_params(op="Clip", name="dcnb")
+class ClipBackward(BackwardImplementation):
+    # gap: DaCe's Clip backward needs both bounds, as constants (clamp_min crashed with StopIteration)
+    @staticmethod
+    def backward(forward_node, context, given_gradients, required_gradients):
+        x, y = forward_in(forward_node, context, "input"), forward_out(forward_node, context, "output")
+        t = f"({x.dtype.ctype})"
+        index = [f"i{k}" for k in range(len(y.shape))]
+        tests, read = [], []
+        for edge in context.forward_state.in_edges(forward_node):
+            if edge.dst_conn not in ("min", "max"):
+                continue
+            # a constant bound is written into the code, as the forward's expansion does (nothing stored for it)
+            value = onnx_constant_or_none(context.forward_sdfg, edge.src.data)
+            if isinstance(value, (int, float)):
+                bound = f"{t}{value!r}"
+            else:
+                desc = forward_in(forward_node, context, edge.dst_conn)
+                bound = at(edge.dst_conn, desc, broadcast_index(desc, y.shape, index))
+                read.append(edge.dst_conn)
+            tests.append(f"{at('input', x, index)} {'>=' if edge.dst_conn == 'min' else '<='} {bound}")
+        head, tail = loops(index, y.shape)
+        inside = " && ".join(tests) or "true"
+        body = head + f"const auto dy = {at('output_grad', y, index)};\n"  # loaded unconditionally: see cpp.py
+        body += f"{at('input_grad', x, index)} = ({inside}) ? dy : 0;\n" + tail
+        return cpp_backward(forward_node, context, ["input", *read, "output_grad", "input_grad"], body)
+
+
+default_backward("Clip")
 
 
 @autoregister_params(op="Where", name="dcnb")

@@ -1,4 +1,4 @@
-"""Linear algebra: Einsum's backward, and matrix products through a BLAS."""
+"""Linear algebra: Einsum's backward, MatMul of vectors, and matrix products through a BLAS."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ import dace
 from dace.autodiff.implementations.onnx_ops import DefaultEinsumBackward
 from dace.libraries.blas.nodes.batched_matmul import BatchedMatMul, ExpandBatchedMatMulOpenBLAS
 from dace.libraries.blas.nodes.gemm import ExpandGemmOpenBLAS, Gemm
+from dace.libraries.onnx.forward_implementation_abc import ONNXForward
+from dace.libraries.onnx.nodes.onnx_op_registry import ONNXEinsum
+from dace.libraries.onnx.op_implementations.linalg_ops import PureMatMul
 from dace.registry import autoregister_params
+from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.transformation import ExpandTransformation
 
 from .. import blas
-from .registry import default_backward
+from .registry import default_backward, pure_expansion
 
 
 @autoregister_params(op="Einsum", name="dcnb")
@@ -28,6 +32,42 @@ class EinsumBackwardOfTransients(DefaultEinsumBackward):
 
 
 default_backward("Einsum")
+
+
+@pure_expansion("MatMul", name="dcnb")
+class MatMulOfVectors(ONNXForward):
+    # gap: DaCe's MatMul refuses an operand with one dimension (x @ v, v @ W, torch.outer's operands); as numpy does,
+    # a vector on the left is a row, on the right a column, and that dimension is dropped from the result
+    @staticmethod
+    def forward_can_be_applied(node, state, sdfg) -> bool:
+        # (a product of two vectors is a scalar, whose Einsum backward DaCe cannot generate)
+        return any(len(in_desc_with_name(node, state, sdfg, n).shape) > 1 for n in ("A", "B"))
+
+    @staticmethod
+    def forward(node, state, sdfg):
+        a, b = (in_desc_with_name(node, state, sdfg, n) for n in ("A", "B"))
+        if len(a.shape) > 1 and len(b.shape) > 1:
+            return PureMatMul.forward(node, state, sdfg)
+        batch = "abcdefgh"
+        if len(a.shape) == 1:
+            lead = batch[: len(b.shape) - 2]
+            equation = f"k,{lead}kj->{lead}j"
+        else:
+            lead = batch[: len(a.shape) - 2]
+            equation = f"{lead}ik,k->{lead}i"
+        nsdfg = dace.SDFG(f"{node.label}_expansion")
+        nstate = nsdfg.add_state()
+        einsum = ONNXEinsum(f"{node.label}_einsum", equation=equation)
+        nstate.add_node(einsum)
+        for name, desc in (("A", a), ("B", b), ("Y", out_desc_with_name(node, state, sdfg, "Y"))):
+            desc = copy.deepcopy(desc)
+            desc.transient = False
+            nsdfg.add_datadesc(name, desc)
+        for k, name in enumerate(("A", "B")):
+            einsum.add_in_connector(f"Inputs__{k}")
+            nstate.add_edge(nstate.add_read(name), None, einsum, f"Inputs__{k}", nsdfg.make_array_memlet(name))
+        nstate.add_edge(einsum, "Output", nstate.add_write("Y"), None, nsdfg.make_array_memlet("Y"))
+        return nsdfg
 
 
 #: the implementation dcnb registers on DaCe's BLAS nodes and makes their default: it picks one of those below
@@ -50,6 +90,10 @@ def _blas_applies(node, state, sdfg, expansion: type[ExpandTransformation]) -> b
     if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in _BLAS_DTYPES:
         return False
     if not all(dace.dtypes.can_access(dace.ScheduleType.CPU_Multicore, d.storage) for d in descs):
+        return False
+    # gap: DaCe's cblas call reads a matrix with one column (strides 1, 1: torch.outer's operands) as column-major
+    # with a leading dimension of 1, which the BLAS rejects, leaving the product unwritten
+    if any(len(d.shape) >= 2 and d.strides[-1] == d.strides[-2] for d in descs):
         return False
     try:
         expansion.expansion(node, state, sdfg)  # builds a tasklet, changes nothing; raises where strides do not fit

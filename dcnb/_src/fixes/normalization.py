@@ -1,4 +1,5 @@
-"""Normalization ops: BatchNormalization in training mode."""
+"""Normalization ops: BatchNormalization over any rank, in training and eval mode, and InstanceNormalization
+(nn.InstanceNorm, GroupNorm's export)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import math
 import dace
 import numpy as np
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
-from dace.libraries.onnx.op_implementations.img_op_implementations import PureBatchNormalization
 from dace.libraries.onnx.op_implementations.utils import program_for_node
 from dace.sdfg.utils import in_desc_with_name
 
@@ -18,15 +18,16 @@ from .registry import pure_expansion
 class BatchNormalizationExpansion(ONNXForward):
     # gap: DaCe's pure BatchNormalization in training mode keeps 10% of the old running statistics where ONNX's
     # momentum (0.9 for PyTorch's 0.1) keeps 90%, and copies them back through a second state, which autodiff
-    # (one state only) cannot take
+    # (one state only) cannot take; in either mode it covers only 4-D inputs (not BatchNorm1d's (N, C), (N, C, L))
     @staticmethod
     def forward_can_be_applied(node, state, sdfg) -> bool:
-        return PureBatchNormalization.forward_can_be_applied(node, state, sdfg)
+        inputs = {"scale", "B", "input_mean", "input_var"}
+        return len(in_desc_with_name(node, state, sdfg, "X").shape) >= 2 and inputs <= set(node.in_connectors)
 
     @staticmethod
     def forward(node, state, sdfg):
         if not node.training_mode:
-            return PureBatchNormalization.forward(node, state, sdfg)
+            return _batch_normalization_eval(node, state, sdfg)
         x = in_desc_with_name(node, state, sdfg, "X")
         dtype = x.dtype
         channels = x.shape[1]
@@ -63,3 +64,46 @@ class BatchNormalizationExpansion(ONNXForward):
                 normalize(X, scale, B, Y)
 
         return program_for_node(prog, sdfg, state, node, extra_vars={"normalize": dace.program(normalize)})
+
+
+def _batch_normalization_eval(node, state, sdfg) -> dace.SDFG:
+    """Eval mode: the running statistics normalize, scaled and shifted per channel; nothing is updated."""
+    x = in_desc_with_name(node, state, sdfg, "X")
+    scalar = x.dtype.type
+    eps, one = scalar(node.epsilon), scalar(1)
+    per_channel = [x.shape[1]] + [1] * (len(x.shape) - 2)
+
+    def prog(X, scale, B, input_mean, input_var, Y):
+        factor = dace.elementwise(lambda v: one / sqrt(v + eps), input_var) * scale
+        Y[:] = (X - np.reshape(input_mean, per_channel)) * np.reshape(factor, per_channel) + np.reshape(
+            B, per_channel
+        )
+
+    return program_for_node(prog, sdfg, state, node)
+
+
+@pure_expansion("InstanceNormalization")
+class InstanceNormalizationExpansion(ONNXForward):
+    # gap: DaCe has no implementation of the ONNX op InstanceNormalization (nn.InstanceNorm*, and nn.GroupNorm,
+    # which PyTorch exports as it over groups)
+    @staticmethod
+    def forward_can_be_applied(node, state, sdfg) -> bool:
+        return len(in_desc_with_name(node, state, sdfg, "input").shape) >= 3
+
+    @staticmethod
+    def forward(node, state, sdfg):
+        x = in_desc_with_name(node, state, sdfg, "input")
+        axes = tuple(range(2, len(x.shape)))
+        scalar = x.dtype.type
+        eps, one = scalar(node.epsilon), scalar(1)
+        inv_count = scalar(1 / math.prod(int(x.shape[a]) for a in axes))
+        per_channel = [x.shape[1]] + [1] * (len(x.shape) - 2)
+
+        def prog(input, scale, B, output):
+            mean = np.add.reduce(input, axis=axes, keepdims=True) * inv_count
+            centered = input - mean
+            var = np.add.reduce(centered * centered, axis=axes, keepdims=True) * inv_count
+            inv_std = dace.elementwise(lambda v: one / sqrt(v + eps), var)
+            output[:] = centered * inv_std * np.reshape(scale, per_channel) + np.reshape(B, per_channel)
+
+        return program_for_node(prog, sdfg, state, node)

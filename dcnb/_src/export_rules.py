@@ -1,0 +1,178 @@
+"""Symbolics for aten ops that PyTorch's TorchScript ONNX exporter cannot export (or refuses with these arguments),
+written as standard ONNX ops that DaCe (with dcnb's fixes) imports and differentiates.
+
+They are registered with ``torch.onnx.register_custom_op_symbolic`` at the export's opset, where a custom symbolic
+takes precedence over PyTorch's own.
+"""
+
+from __future__ import annotations
+
+import torch
+from onnx import TensorProto
+from torch.onnx import errors, symbolic_helper
+
+#: aten's Reduction enum, by value
+_REDUCTIONS = ("none", "mean", "sum")
+_DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
+
+
+_RULES = (
+    ("aten::l1_loss", "l1_loss"),
+    ("aten::smooth_l1_loss", "smooth_l1_loss"),
+    ("aten::huber_loss", "huber_loss"),
+    ("aten::rms_norm", "rms_norm"),
+    ("aten::cross_entropy_loss", "cross_entropy_loss"),
+    ("aten::bilinear", "bilinear"),
+)
+
+
+def register(opset: int) -> None:
+    """Register the symbolics for exports at ``opset`` (at least 18: reductions take their axes as an input). They
+    stay registered: PyTorch's exporter fails with a ValueError on an op whose symbolics were all unregistered, where
+    it refused the op with its reason before; the user's own exports of these ops now succeed too."""
+    for name, function in _RULES:
+        torch.onnx.register_custom_op_symbolic(name, globals()[function], opset)
+
+
+def _dtype(value) -> torch.dtype:
+    return _DTYPES.get(value.type().scalarType(), torch.float32)
+
+
+def _scalar(g, number: float, like):
+    """A constant of ``like``'s float type: a float64 constant would make float32 arithmetic double."""
+    return g.op("Constant", value_t=torch.tensor(number, dtype=_dtype(like)))
+
+
+def _axes(g, axes: list[int]):
+    return g.op("Constant", value_t=torch.tensor(axes, dtype=torch.int64))
+
+
+def _reduce(g, loss, reduction: int):
+    """A loss' elements reduced as aten's ``reduction`` says: kept, their mean or their sum."""
+    kind = _REDUCTIONS[reduction]
+    if kind == "none":
+        return loss
+    return g.op("ReduceMean" if kind == "mean" else "ReduceSum", loss, keepdims_i=0)
+
+
+@symbolic_helper.parse_args("v", "v", "i")
+def l1_loss(g, input, target, reduction: int):
+    # gap: PyTorch cannot export aten::l1_loss (F.l1_loss, nn.L1Loss)
+    return _reduce(g, g.op("Abs", g.op("Sub", input, target)), reduction)
+
+
+def _huber(g, input, target, reduction: int, delta: float, scale: float):
+    """``scale`` * (0.5 d^2 / delta where |d| < delta, else |d| - 0.5 delta), d = input - target; |d| for
+    delta 0. Huber is smooth L1 scaled by delta."""
+    difference = g.op("Sub", input, target)
+    absolute = g.op("Abs", difference)
+    if delta == 0:
+        return _reduce(g, absolute, reduction)
+    square = g.op("Mul", g.op("Mul", difference, difference), _scalar(g, 0.5 * scale / delta, input))
+    linear = g.op("Mul", g.op("Sub", absolute, _scalar(g, 0.5 * delta, input)), _scalar(g, scale, input))
+    inside = g.op("Less", absolute, _scalar(g, delta, input))
+    return _reduce(g, g.op("Where", inside, square, linear), reduction)
+
+
+@symbolic_helper.parse_args("v", "v", "i", "f")
+def smooth_l1_loss(g, input, target, reduction: int, beta: float):
+    # gap: PyTorch cannot export aten::smooth_l1_loss (F.smooth_l1_loss, nn.SmoothL1Loss)
+    return _huber(g, input, target, reduction, beta, 1.0)
+
+
+@symbolic_helper.parse_args("v", "v", "i", "f")
+def huber_loss(g, input, target, reduction: int, delta: float):
+    # gap: PyTorch cannot export aten::huber_loss (F.huber_loss, nn.HuberLoss)
+    return _huber(g, input, target, reduction, delta, delta)
+
+
+@symbolic_helper.parse_args("v", "is", "v", "f")
+def rms_norm(g, input, normalized_shape: list[int], weight, eps: float | None):
+    # gap: PyTorch cannot export aten::rms_norm (nn.RMSNorm, F.rms_norm) at opset 18
+    if eps is None:  # PyTorch's default: the machine epsilon of the input's type
+        eps = torch.finfo(_dtype(input)).eps
+    axes = _axes(g, list(range(-len(normalized_shape), 0)))
+    mean_square = g.op("ReduceMean", g.op("Mul", input, input), axes, keepdims_i=1)
+    normalized = g.op("Div", input, g.op("Sqrt", g.op("Add", mean_square, _scalar(g, eps, input))))
+    return normalized if weight.node().mustBeNone() else g.op("Mul", normalized, weight)
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "f")
+def cross_entropy_loss(g, scores, target, weight, reduction: int, ignore_index: int, label_smoothing: float):
+    # gap: PyTorch's exporter refuses cross_entropy's label_smoothing ("ONNX does not support label_smoothing")
+    weighted = not weight.node().mustBeNone()
+    loss = g.op(
+        "SoftmaxCrossEntropyLoss",
+        *([scores, target, weight] if weighted else [scores, target]),
+        reduction_s=_REDUCTIONS[reduction],
+        ignore_index_i=ignore_index,
+    )
+    if not label_smoothing:
+        return loss
+    rank, sizes = scores.type().dim(), scores.type().sizes()
+    if rank is None or rank < 2 or not sizes or target.type().scalarType() not in ("Long", "Int"):
+        raise errors.SymbolicValueError(
+            "Unsupported: label_smoothing needs scores of a known shape (N, C, ...) and class indices as targets",
+            scores,
+        )
+    smoothing = _label_smoothing(g, scores, target, weight if weighted else None, reduction, ignore_index, rank)
+    # as PyTorch: (1 - eps) * the loss + eps / C * the mean over classes of the (weighted) negative log-probability
+    return g.op(
+        "Add",
+        g.op("Mul", loss, _scalar(g, 1 - label_smoothing, scores)),
+        g.op("Mul", smoothing, _scalar(g, label_smoothing / sizes[1], scores)),
+    )
+
+
+def _label_smoothing(g, scores, target, weight, reduction: int, ignore_index: int, rank: int):
+    """The sum over classes of -(weight *) log_softmax(scores), 0 for ignored targets, reduced as the loss is: its
+    mean divides by the (weighted) count of the targets kept, as nll_loss' does."""
+    log_prob = g.op("LogSoftmax", scores, axis_i=1)
+    if weight is not None:
+        per_class = g.op("Reshape", weight, _axes(g, [-1] + [1] * (rank - 2)))
+        log_prob = g.op("Mul", log_prob, per_class)
+    per_sample = g.op("Neg", g.op("ReduceSum", log_prob, _axes(g, [1]), keepdims_i=0))
+    kept = g.op("Not", g.op("Equal", target, g.op("Constant", value_t=torch.tensor(ignore_index))))
+    zero = _scalar(g, 0.0, scores)
+    per_sample = g.op("Where", kept, per_sample, zero)
+    kind = _REDUCTIONS[reduction]
+    if kind == "none":
+        return per_sample
+    total = g.op("ReduceSum", per_sample, keepdims_i=0)
+    if kind == "sum":
+        return total
+    if weight is None:
+        count = g.op("Cast", kept, to_i=_onnx_type(scores))
+    else:
+        safe = g.op("Where", kept, target, g.op("Constant", value_t=torch.tensor(0)))
+        count = g.op("Where", kept, g.op("Gather", weight, safe, axis_i=0), zero)
+    return g.op("Div", total, g.op("ReduceSum", count, keepdims_i=0))
+
+
+def bilinear(g, input1, input2, weight, bias):
+    # gap: PyTorch cannot export aten::bilinear (nn.Bilinear): y[..., o] = x1[..., i] W[o, i, j] x2[..., j] + b[o],
+    # written as one matrix product of x1 with W laid out (i, o * j), then a product with x2 summed over j
+    sizes = weight.type().sizes()
+    if not sizes or len(sizes) != 3:
+        raise errors.SymbolicValueError("Unsupported: bilinear needs a weight of known shape (out, in1, in2)", weight)
+    out, in1, in2 = sizes
+    rows1 = g.op("Reshape", input1, _axes(g, [-1, in1]))
+    rows2 = g.op("Reshape", input2, _axes(g, [-1, 1, in2]))
+    laid_out = g.op("Reshape", g.op("Transpose", weight, perm_i=[1, 0, 2]), _axes(g, [in1, out * in2]))
+    products = g.op("Reshape", g.op("MatMul", rows1, laid_out), _axes(g, [-1, out, in2]))
+    result = g.op("ReduceSum", g.op("Mul", products, rows2), _axes(g, [2]), keepdims_i=0)
+    if not bias.node().mustBeNone():
+        result = g.op("Add", result, bias)
+    # back to the inputs' leading dimensions
+    leading = g.op("Slice", g.op("Shape", input1), _axes(g, [0]), _axes(g, [-1]))
+    return g.op("Reshape", result, g.op("Concat", leading, _axes(g, [out]), axis_i=0))
+
+
+def _onnx_type(value) -> int:
+    """The ONNX element type of ``value``'s float type (Cast's ``to``)."""
+    return {
+        torch.float32: TensorProto.FLOAT,
+        torch.float64: TensorProto.DOUBLE,
+        torch.float16: TensorProto.FLOAT16,
+        torch.bfloat16: TensorProto.BFLOAT16,
+    }[_dtype(value)]
