@@ -186,6 +186,15 @@ class NoGradientBackward(ZeroBackward):
         return bool(outputs) and all(dtype not in FLOATS for dtype in outputs)
 
 
+def _passed_through(forward_node, context, x_name: str, y_name: str):
+    """The backward of an op whose output is its input (converted): the output's gradient, as the input's."""
+    x, y = forward_in(forward_node, context, x_name), forward_out(forward_node, context, y_name)
+    index = [f"i{k}" for k in range(len(y.shape))]
+    head, tail = loops(index, y.shape)
+    body = head + f"{at(f'{x_name}_grad', x, index)} = {at(f'{y_name}_grad', y, index)};\n" + tail
+    return cpp_backward(forward_node, context, [f"{y_name}_grad", f"{x_name}_grad"], body)
+
+
 @autoregister_params(op="Cast", name="dcnb")
 class CastBackward(BackwardImplementation):
     # gap: DaCe's autodiff has no rule for Cast and fails on its expansion's map (a mask's bool to float: Equal)
@@ -194,10 +203,7 @@ class CastBackward(BackwardImplementation):
         x, y = forward_in(forward_node, context, "input"), forward_out(forward_node, context, "output")
         if x.dtype not in FLOATS or y.dtype not in FLOATS:
             return ZeroBackward.backward(forward_node, context, given_gradients, required_gradients)
-        index = [f"i{k}" for k in range(len(y.shape))]
-        head, tail = loops(index, y.shape)
-        body = head + f"{at('input_grad', x, index)} = {at('output_grad', y, index)};\n" + tail
-        return cpp_backward(forward_node, context, ["output_grad", "input_grad"], body)
+        return _passed_through(forward_node, context, "input", "output")
 
 
 default_backward("Cast")
@@ -250,11 +256,7 @@ class DropoutWithoutMaskBackward(BackwardImplementation):
                 f"{forward_node.label} drops values in training mode without exporting its mask, so its gradient "
                 "cannot be computed; export it with a probability of 0 or in eval mode"
             )
-        x, y = forward_in(forward_node, context, "data"), forward_out(forward_node, context, "output")
-        index = [f"i{k}" for k in range(len(y.shape))]
-        head, tail = loops(index, y.shape)
-        body = head + f"{at('data_grad', x, index)} = {at('output_grad', y, index)};\n" + tail
-        return cpp_backward(forward_node, context, ["output_grad", "data_grad"], body)
+        return _passed_through(forward_node, context, "data", "output")
 
 
 default_backward("Dropout")
