@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.compile]
 
 def test_the_notebooks_are_there():
     names = {p.stem for p in NOTEBOOKS}
-    assert {"mish", "softmax_layernorm", "transformer_layer", "teaching_data_movement"} <= names
+    assert {"mish", "softmax_layernorm", "transformer_layer", "teaching_data_movement", "models"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

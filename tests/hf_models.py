@@ -1,0 +1,295 @@
+"""The Hugging Face model zoo: real architectures from ``transformers``, built from tiny configs with random
+(seeded) weights. Nothing is downloaded: every model comes from its config class, whose defaults are replaced by
+small sizes (hidden 32 or less, 2 heads, images of 32x32 or less, 1-2 layers or stages, a vocabulary of 64).
+
+Used by tests/compile/test_hf_models.py (each entry built by dcnb and checked against PyTorch in eval and training
+mode); notebooks/models.ipynb (the paper's model table in miniature) writes three of them out, to stand alone. Dropout is 0 everywhere, so that training
+mode is deterministic; it then differs from eval mode where there is BatchNorm (batch statistics, running
+statistics updated).
+
+Whole models are called as they are (``model(pixel_values)`` returns transformers' ModelOutput, which dcnb
+rebuilds); layers are called with the keyword inputs their model passes them (the attention mask, Llama's rotary
+position embeddings) and attention is the eager one (``attn_implementation="eager"``: matrix products and a
+softmax written out). PyTorch's ``scaled_dot_product_attention`` (``"sdpa"``) exports too with torch 2.13 (the BERT
+layer with sdpa and its mask builds and checks in eval mode); eager keeps every operation visible in the graphs.
+
+Also here, as in tests/zoo.py: MLP-Mixer, our own (transformers has none), two blocks with patch embedding and a
+classifier head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+#: what a builder returns: the module, its positional example inputs, its keyword example inputs
+Built = tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]
+
+BOTH = (False, True)
+EAGER = "eager"
+#: tiny image models: 2 images of 3x32x32
+IMAGE = (2, 3, 32, 32)
+#: tiny sequence models: 2 sequences of 8 tokens, 32 features, 2 heads, feed-forward width 64, a vocabulary of 64
+BATCH, TOKENS, HIDDEN, HEADS, FF, VOCAB = 2, 8, 32, 2, 64, 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A catalog entry: how to build the module with its example inputs, and the modes to check it in."""
+
+    name: str
+    builder: Callable[[], Built]
+    #: training flags to check
+    modes: tuple[bool, ...] = BOTH
+    #: what it is, in a few words (the notebook's table)
+    description: str = ""
+
+    def build(self, seed: int = 0) -> Built:
+        """A fresh module with random (seeded) weights and statistics, its inputs and keyword inputs."""
+        torch.manual_seed(seed)
+        module, inputs, kwargs = self.builder()
+        _randomize_statistics(module)
+        return module, inputs, kwargs
+
+
+def _randomize_statistics(module: nn.Module) -> None:
+    """BatchNorm with running statistics and affine parameters away from their fresh values (0/1), as in zoo.py:
+    eval mode must use the statistics, and the affine parameters' gradients must not be trivial."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                if m.running_mean is not None:
+                    m.running_mean.copy_(0.1 * torch.randn_like(m.running_mean))
+                    m.running_var.copy_(1 + 0.2 * torch.rand_like(m.running_var))
+                if m.affine:
+                    nn.init.normal_(m.weight, 1.0, 0.2)
+                    nn.init.normal_(m.bias, 0.0, 0.2)
+
+
+def _images(shape: tuple[int, ...] = IMAGE) -> tuple[torch.Tensor, ...]:
+    return (torch.randn(*shape),)
+
+
+# --- image models -------------------------------------------------------------------------------------------------
+
+
+def resnet() -> Built:
+    """ResNet: embedder (7x7 conv, BatchNorm, ReLU, max pool), two stages of basic blocks, pooler, classifier."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=5,
+        downsample_in_first_stage=False,
+    )
+    return ResNetForImageClassification(config), _images(), {}
+
+
+def mobilenet_v2() -> Built:
+    """MobileNetV2: stem, inverted residuals (1x1 expand, 3x3 depthwise, 1x1 project, ReLU6), classifier."""
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    config = MobileNetV2Config(
+        image_size=32, depth_multiplier=0.1, depth_divisible_by=4, min_depth=4, expand_ratio=2.0,
+        finegrained_output=False, classifier_dropout_prob=0.0, num_labels=5,
+    )
+    model = MobileNetV2ForImageClassification(config)
+    return _trim_mobilenet_v2(model), _images(), {}
+
+
+def _trim_mobilenet_v2(model: nn.Module) -> nn.Module:
+    """MobileNetV2's config fixes 16 inverted residuals; keep the first 3 (a strided one, one with a residual)."""
+    layers = model.mobilenet_v2.layer
+    model.mobilenet_v2.layer = nn.ModuleList(list(layers)[:3])
+    last = model.mobilenet_v2.layer[-1].reduce_1x1.convolution.out_channels
+    conv_1x1 = model.mobilenet_v2.conv_1x1
+    conv_1x1.convolution = nn.Conv2d(last, conv_1x1.convolution.out_channels, 1, bias=False)
+    return model
+
+
+def efficientnet() -> Built:
+    """EfficientNet: stem, MBConv blocks (expand, depthwise, squeeze-and-excitation, project, SiLU), head."""
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    config = EfficientNetConfig(
+        image_size=32, width_coefficient=0.1, depth_coefficient=0.25, num_labels=5,
+        kernel_sizes=[3, 3], in_channels=[32, 16], out_channels=[16, 24], depthwise_padding=[],
+        strides=[1, 2], num_block_repeats=[1, 1], expand_ratios=[1, 6],
+        hidden_dim=128, dropout_rate=0.0, drop_connect_rate=0.0,
+    )
+    return EfficientNetForImageClassification(config), _images(), {}
+
+
+def vit() -> Built:
+    """ViT: patch embedding (a strided conv), class token, position embeddings, 2 encoder layers, classifier."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        image_size=16, patch_size=4, num_channels=3, hidden_size=HIDDEN, num_hidden_layers=2,
+        num_attention_heads=HEADS, intermediate_size=FF, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        num_labels=5, attn_implementation=EAGER,
+    )
+    return ViTForImageClassification(config), _images((2, 3, 16, 16)), {}
+
+
+def convnext() -> Built:
+    """ConvNeXt: patchify stem, blocks (7x7 depthwise conv, LayerNorm, MLP with GELU, layer scale), 2 stages."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    config = ConvNextConfig(
+        num_channels=3, patch_size=4, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5, drop_path_rate=0.0,
+        image_size=32,
+    )
+    model = ConvNextForImageClassification(config)
+    with torch.no_grad():  # layer scale starts at 1e-6: the blocks' branches would add nothing to check
+        for name, p in model.named_parameters():
+            if name.endswith("layer_scale_parameter"):
+                p.copy_(0.5 + 0.1 * torch.randn_like(p))
+    return model, _images(), {}
+
+
+# --- transformer layers ------------------------------------------------------------------------------------------
+
+
+def _bert_config():
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=HEADS, intermediate_size=FF,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=32,
+        attn_implementation=EAGER,
+    )
+
+
+def _extended_mask(mask: torch.Tensor) -> torch.Tensor:
+    """BERT's additive attention mask from a 0/1 padding mask: 0 where attended, the dtype's minimum elsewhere."""
+    return (1.0 - mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
+
+
+def _padding_mask() -> torch.Tensor:
+    mask = torch.ones(BATCH, TOKENS, dtype=torch.long)
+    mask[1, -3:] = 0  # the second sequence is padded
+    return mask
+
+
+def bert_layer() -> Built:
+    """BERT's encoder layer (self-attention, residual + LayerNorm, GELU MLP, residual + LayerNorm) with a mask."""
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    layer = BertLayer(_bert_config())
+    return layer, (torch.randn(BATCH, TOKENS, HIDDEN),), {"attention_mask": _extended_mask(_padding_mask())}
+
+
+class BertEncoder2(nn.Module):
+    """A 2-layer BERT encoder from token ids: embeddings (words, positions, token types, LayerNorm), the encoder
+    layers with the padding mask made additive inside, the pooler. Returns BertModel's ModelOutput."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import BertModel
+
+        self.bert = BertModel(_bert_config(), add_pooling_layer=True)
+
+    def forward(self, input_ids, attention_mask):
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def bert_encoder() -> Built:
+    ids = torch.randint(1, VOCAB, (BATCH, TOKENS))
+    return BertEncoder2(), (ids,), {"attention_mask": _padding_mask()}
+
+
+def gpt2_block() -> Built:
+    """GPT-2's block: LayerNorm, causal self-attention (Conv1D projections), LayerNorm, MLP with GELU (tanh)."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=HIDDEN, n_layer=1, n_head=HEADS, n_inner=FF, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, attn_implementation=EAGER,
+    )
+    return GPT2Block(config, layer_idx=0), (torch.randn(BATCH, TOKENS, HIDDEN),), {}
+
+
+class LlamaLayer(nn.Module):
+    """Llama's decoder layer with its rotary embeddings: RMSNorm, attention with rotary position embeddings (cos,
+    sin from LlamaRotaryEmbedding, as LlamaModel computes them) and a causal mask, RMSNorm, SwiGLU MLP."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        config = LlamaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FF, num_hidden_layers=1,
+            num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=32, attention_dropout=0.0,
+            attn_implementation=EAGER,
+        )
+        self.rotary = LlamaRotaryEmbedding(config)
+        self.layer = LlamaDecoderLayer(config, layer_idx=0)
+        with torch.no_grad():  # RMSNorm's weights start at 1: make their gradients say something
+            for name, p in self.layer.named_parameters():
+                if name.endswith("layernorm.weight"):
+                    p.copy_(1 + 0.2 * torch.randn_like(p))
+        causal = torch.full((TOKENS, TOKENS), torch.finfo(torch.float32).min).triu(1)
+        self.register_buffer("causal", causal[None, None], persistent=False)
+
+    def forward(self, hidden_states, position_ids):
+        position_embeddings = self.rotary(hidden_states, position_ids)
+        return self.layer(
+            hidden_states, attention_mask=self.causal, position_ids=position_ids,
+            position_embeddings=position_embeddings,
+        )
+
+
+def llama_layer() -> Built:
+    positions = torch.arange(TOKENS)[None].expand(BATCH, TOKENS).contiguous()
+    return LlamaLayer(), (torch.randn(BATCH, TOKENS, HIDDEN),), {"position_ids": positions}
+
+
+# --- MLP-Mixer, our own -------------------------------------------------------------------------------------------
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer: patch embedding (a strided conv), 2 mixer blocks (tests/zoo.py's), LayerNorm, mean over patches,
+    classifier."""
+
+    def __init__(self, patch: int = 4, image: int = 16, dim: int = 16, hidden: int = 24, depth: int = 2,
+                 classes: int = 5):
+        super().__init__()
+        from zoo import MixerBlock
+
+        patches = (image // patch) ** 2
+        self.stem = nn.Conv2d(3, dim, patch, stride=patch)
+        self.blocks = nn.Sequential(*(MixerBlock(patches, dim, hidden) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        return self.head(self.norm(self.blocks(x)).mean(dim=1))
+
+
+def mixer() -> Built:
+    return Mixer(), _images((2, 3, 16, 16)), {}
+
+
+# --- the catalog --------------------------------------------------------------------------------------------------
+
+MODELS: list[Model] = [
+    Model("resnet", resnet, description="ResNet, 2 stages of basic blocks"),
+    Model("mobilenet_v2", mobilenet_v2, description="MobileNetV2, 3 inverted residuals"),
+    Model("efficientnet", efficientnet, description="EfficientNet, 2 MBConv blocks"),
+    Model("vit", vit, description="ViT, 2 layers, 16 patches"),
+    Model("convnext", convnext, description="ConvNeXt, 2 stages"),
+    Model("bert_layer", bert_layer, description="a BERT encoder layer with a padding mask"),
+    Model("bert_encoder", bert_encoder, description="a 2-layer BERT encoder from token ids, with the pooler"),
+    Model("gpt2_block", gpt2_block, description="a GPT-2 block"),
+    Model("llama_layer", llama_layer, description="a Llama decoder layer (RMSNorm, rotary embeddings, SwiGLU)"),
+    Model("mixer", mixer, description="MLP-Mixer, 2 blocks (ours)"),
+]
+
+BY_NAME = {model.name: model for model in MODELS}
