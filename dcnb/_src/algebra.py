@@ -612,7 +612,12 @@ def sites(sdfg: dace.SDFG, where) -> Iterator[Site]:
 
 
 def count(sdfg: dace.SDFG, where, options: dict) -> int:
-    return sum(1 for site in sites(sdfg, where) if _analysis(site, options).rewrite is not None)
+    return len(places(sdfg, where, options))
+
+
+def places(sdfg: dace.SDFG, where, options: dict) -> list[tuple[str, ...]]:
+    """The tasklets it would rewrite, each as its label."""
+    return [(site.tasklet.label,) for site in sites(sdfg, where) if _analysis(site, options).rewrite is not None]
 
 
 def apply(sdfg: dace.SDFG, where, options: dict) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -91,7 +92,9 @@ class Session:
         for b in self._baselines:
             check(b in BASELINES, f"unknown baseline {b!r}; choose from {', '.join(BASELINES)}")
         self._time_budget = time_budget
-        self._progress = progress or (lambda message: None)
+        self._report = progress or (lambda message: None)
+        #: what the session is doing now, as its progress callback last heard it (a cancelled step names it)
+        self._phase = "starting"
         self._compiled_torch: nn.Module | None = None
         #: baselines timed before: their code does not change between steps, so they need no more warm-up
         self._warmed: set[str] = set()
@@ -139,6 +142,26 @@ class Session:
         """The backward SDFG as compiled and run now (None without a backward)."""
         return self._states[-1].compiled[1]
 
+    def compiled_sdfgs(self, index: int | None = None) -> tuple[dace.SDFG, dace.SDFG | None]:
+        """The forward and backward SDFGs as compiled at good step ``index`` (the current step by default): what
+        the views draw for a step of the history."""
+        return self._good(index).compiled
+
+    def previous_step(self, index: int | None = None) -> int | None:
+        """The good step that step ``index`` (the current by default) was made from; None for the naive step."""
+        states = [s.step.index for s in self._states]
+        position = states.index(self._good(index).step.index)
+        return states[position - 1] if position else None
+
+    def _good(self, index: int | None) -> _State:
+        if index is None:
+            return self._states[-1]
+        for state in self._states:
+            if state.step.index == index:
+                return state
+        good = ", ".join(str(s.step.index) for s in self._states)
+        raise DcnbError(f"step {index} is not a good step of the current state (good steps: {good})")
+
     @property
     def pre_autodiff_sdfg(self) -> dace.SDFG:
         """The forward SDFG before autodiff: what transformations that act before autodiff see."""
@@ -168,17 +191,45 @@ class Session:
 
     def actions(self, where: Iterable[str] | None = None) -> list[steps.Action]:
         """The transformations on offer now, each with how many places it matches (``matches``; 0: not
-        applicable)."""
+        applicable) and, where it can list them, those places (``at``: side and node labels, as ``places``)."""
         where = None if where is None else tuple(where)
         state = self._states[-1]
         offers = []
         for action in steps.REGISTRY.values():
             if self.device not in action.devices:
                 continue
-            targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
-            matches = sum(_safe_count(action, s, where, {}) for s in targets)
-            offers.append(dataclasses.replace(action, matches=matches))
+            at = self._places(action, where)
+            if at is None:
+                targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
+                matches = sum(_safe_count(action, s, where, {}) for s in targets)
+            else:
+                matches = len(at)
+            offers.append(dataclasses.replace(action, matches=matches, at=None if at is None else tuple(at)))
         return offers
+
+    def places(self, name: str, where: Iterable[str] | None = None) -> list[tuple[str, steps.Place]]:
+        """Where action ``name`` applies now, one place at a time: ``(side, labels)``, the side ("forward" or
+        "backward") and the labels of the nodes it binds there; ``apply(name, where=labels)`` applies it there.
+        Empty for an action that acts on a whole SDFG only."""
+        action = steps.get(name)
+        if self.device not in action.devices:
+            return []
+        return self._places(action, None if where is None else tuple(where)) or []
+
+    def _places(self, action: steps.Action, where: tuple[str, ...] | None) -> list[tuple[str, steps.Place]] | None:
+        if action.places is None:
+            return None
+        state = self._states[-1]
+        targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
+        found = []
+        for side, sdfg in zip(("forward", "backward"), targets):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    found.extend((side, place) for place in action.places(sdfg, where, {}))
+            except Exception:  # as for counts: a matcher that crashes offers nothing rather than breaking the menu
+                continue
+        return found
 
     def apply(self, name: str, where: Iterable[str] | None = None, **options: Any) -> Step:
         """Apply an action, compile, check against PyTorch and time. A failed step is recorded and rolled back."""
@@ -188,6 +239,8 @@ class Session:
         applied = Entry(name, dict(options), None if where is None else tuple(where))
         index = len(self._history)
         events.emit("apply")
+        started = time.perf_counter()
+        self._progress(f"applying {name}")
         try:
             with verify.preserved(self._module, self.training):
                 state = self._advance(self._states[-1], applied, index)
@@ -195,6 +248,13 @@ class Session:
             step = Step(index, name, applied.options, applied.where, ok=False, error=str(e), log=getattr(e, "log", None))
         except Exception as e:  # a transformation that crashes must not take the session down with it
             step = Step(index, name, applied.options, applied.where, ok=False, error=f"{name} raised {describe(e)}")
+        except KeyboardInterrupt:
+            # an interrupt (Ctrl-C, the kernel's stop, the widget's Cancel) ends the step where it is: the compile
+            # processes are stopped (build.py) and the session stays at its last good state; the caller is still
+            # interrupted
+            error = f"cancelled while {self._phase} after {time.perf_counter() - started:.0f} s"
+            self._history.append(Step(index, name, applied.options, applied.where, ok=False, error=error))
+            raise
         else:
             self._states.append(state)
             step = state.step
@@ -230,6 +290,10 @@ class Session:
         p.text(self.as_text())
 
     # --- internals ------------------------------------------------------------------------------------------------
+
+    def _progress(self, message: str) -> None:
+        self._phase = message
+        self._report(message)
 
     def _advance(self, state: _State, applied: Entry, index: int) -> _State:
         action = steps.get(applied.name)

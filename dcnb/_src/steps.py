@@ -23,10 +23,13 @@ from dace.transformation.dataflow import MapFusion, TaskletFusion, TrivialMapEli
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import algebra, matching, passes, rows, vectorize
+from . import algebra, dace_internals, matching, passes, rows, vectorize
 from .errors import check
 from .matching import Where
 from .passes import cuda_build
+
+#: one place an action applies: the labels of the nodes it binds there
+Place = tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +50,13 @@ class Action:
     devices: tuple[str, ...] = ("cpu", "cuda")
     #: why_not(sdfg, where, options) -> reasons the action left candidate places alone (for "matches nothing")
     why_not: Callable[[dace.SDFG, Where, dict], list[str]] | None = None
+    #: places(sdfg, where, options) -> each place it applies, as the labels of the nodes there: ``where`` set to
+    #: one place's labels applies it there (None: it acts on the whole SDFG only)
+    places: Callable[[dace.SDFG, Where, dict], list[Place]] | None = None
     #: places it matches in a session's SDFGs now (None: not counted)
     matches: int | None = None
+    #: where it matches now, as ``Session.places`` lists it (None: not listed)
+    at: tuple[tuple[str, Place], ...] | None = None
 
     @property
     def phase(self) -> str:
@@ -72,8 +80,26 @@ def get(name: str) -> Action:
 # --- pattern transformations, one match at a time so that `where` can filter ---------------------------------
 
 
-def _count(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict], int]:
-    return lambda sdfg, where, options: sum(1 for _ in matching.matches(xform, sdfg, where, options))
+def _places(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict], list[Place]]:
+    def places(sdfg: dace.SDFG, where: Where, options: dict) -> list[Place]:
+        bound = [dace_internals.pattern_nodes(m) for m in matching.matches(xform, sdfg, where, options)]
+        return _distinct([[n for n in group if isinstance(n, nodes.AccessNode)] for group in bound], bound)
+
+    return places
+
+
+def _distinct(short: list[list[nodes.Node]], full: list[list[nodes.Node]]) -> list[Place]:
+    """Each place by its ``short`` labels (the arrays a match binds: maps and tasklets it fuses are named anew, so
+    applying there does not go on to the next match) where those name no other place, else by its ``full`` ones."""
+    shorts = [tuple(sorted({matching.label(n) for n in group})) for group in short]
+    return [
+        labels if labels and shorts.count(labels) == 1 else tuple(sorted({matching.label(n) for n in whole}))
+        for labels, whole in zip(shorts, full)
+    ]
+
+
+def _counted(places: Callable[[dace.SDFG, Where, dict], list[Place]]) -> Callable[[dace.SDFG, Where, dict], int]:
+    return lambda sdfg, where, options: len(places(sdfg, where, options))
 
 
 def _repeat(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict, str], int]:
@@ -107,6 +133,7 @@ register(
         before_autodiff=False,
         count=lambda sdfg, where, options: len(_onnx_nodes(sdfg, where)),
         run=_expand,
+        places=lambda sdfg, where, options: [(n.label,) for n in _onnx_nodes(sdfg, where)],
     )
 )
 
@@ -116,8 +143,9 @@ register(
         "Fuse each producer map into its consumer map (in the forward and the backward), so that intermediates "
         "pass through registers; those the backward needs are still stored.",
         before_autodiff=False,
-        count=_count(MapFusion),
+        count=_counted(_places(MapFusion)),
         run=_repeat(MapFusion),
+        places=_places(MapFusion),
     )
 )
 
@@ -151,6 +179,11 @@ def _with_scopes(state: dace.SDFGState, top: list[nodes.Node]) -> list[nodes.Nod
     return result
 
 
+def _outer_maps(group: StateSubgraphView) -> Place:
+    outer = [n for n in group.nodes() if isinstance(n, nodes.MapEntry) and group.graph.entry_node(n) is None]
+    return tuple(matching.label(n) for n in outer)
+
+
 def _subgraph_fusion(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
     sdfg.apply_transformations_repeated(TrivialMapElimination)
     groups = _fusable(sdfg, where)
@@ -167,6 +200,7 @@ register(
         before_autodiff=False,
         count=lambda sdfg, where, options: len(_fusable(sdfg, where)),
         run=_subgraph_fusion,
+        places=lambda sdfg, where, options: [_outer_maps(group) for group in _fusable(sdfg, where)],
     )
 )
 
@@ -174,6 +208,33 @@ def _fused_copy(sdfg: dace.SDFG, where: Where) -> dace.SDFG:
     fused = copy.deepcopy(sdfg)
     _repeat(MapFusion)(fused, where, {})
     return fused
+
+
+def _tasklet_places(sdfg: dace.SDFG, where: Where, options: dict) -> list[Place]:
+    """Each pair of tasklets it would merge, named by the two tasklets and the arrays between their maps: what
+    restricts both the map fusion that comes first and the merge to this pair."""
+    fused = _fused_copy(sdfg, where)
+    pairs = [dace_internals.pattern_nodes(m) for m in matching.matches(TaskletFusion, fused, where, options)]
+    found = []
+    for pair in pairs:
+        tasklets = {n.label for n in pair if isinstance(n, nodes.Tasklet)}
+        found.append(tuple(sorted(tasklets | _between(sdfg, tasklets))))
+    return found
+
+
+def _between(sdfg: dace.SDFG, tasklets: set[str]) -> set[str]:
+    """The arrays that pass from the map of one of ``tasklets`` into the map of another (in ``sdfg``, before the
+    maps are fused)."""
+    arrays = set()
+    for state in sdfg.states():
+        entries = {state.entry_node(n) for n in state.nodes() if isinstance(n, nodes.Tasklet) and n.label in tasklets}
+        entries.discard(None)
+        exits = {state.exit_node(e) for e in entries}
+        for node in state.data_nodes():
+            into = any(e.dst in entries for e in state.out_edges(node))
+            if into and any(e.src in exits for e in state.in_edges(node)):
+                arrays.add(node.data)
+    return arrays
 
 
 def _tasklet_fusion(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
@@ -189,8 +250,9 @@ register(
         "Fuse maps and merge their chains of tasklets into one expression before autodiff: the backward then "
         "recomputes the intermediates instead of storing them.",
         before_autodiff=True,
-        count=lambda sdfg, where, options: _count(TaskletFusion)(_fused_copy(sdfg, where), where, options),
+        count=_counted(_tasklet_places),
         run=_tasklet_fusion,
+        places=_tasklet_places,
     )
 )
 
@@ -204,6 +266,7 @@ register(
         before_autodiff=False,
         count=vectorize.count,
         run=lambda sdfg, where, options, device: vectorize.apply(sdfg, where, options),
+        places=vectorize.places,
         # DaCe's CUDA vector types have no math functions (abs, exp of a float4 do not compile), and CUDA kernels
         # already load whole warps' rows at once
         devices=("cpu",),
@@ -221,6 +284,7 @@ register(
         before_autodiff=False,
         count=algebra.count,
         run=lambda sdfg, where, options, device: algebra.apply(sdfg, where, options),
+        places=algebra.places,
         why_not=algebra.reasons,
     )
 )

@@ -127,6 +127,11 @@ def count(sdfg: dace.SDFG, where: Where, options: dict) -> int:
     return sum(1 for _ in _vectorizable(sdfg, where, options))
 
 
+def places(sdfg: dace.SDFG, where: Where, options: dict) -> list[tuple[str, ...]]:
+    """The maps it would vectorize, each as its label."""
+    return [(matching.label(match.map_entry),) for match in _vectorizable(sdfg, where, options)]
+
+
 def apply(sdfg: dace.SDFG, where: Where, options: dict) -> int:
     # the vector overloads of the math functions come with every CPU build (passes.CPU_BUILD installs vecmath.h);
     # the runner passes 64-byte aligned arrays (module.py)
