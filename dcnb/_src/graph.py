@@ -1,17 +1,22 @@
-"""An SDFG -> the plain data the views draw: states, nodes with their scope and details, memlets with volumes.
+"""An SDFG -> the plain data the views draw: states, nodes with their scope and details, memlets with volumes, and
+what the step that made the SDFG changed.
 
 The views (the widget, the static rendering) read this, never the SDFG itself, so the browser gets a compact,
-JSON-serialisable picture with the same labels that ``where`` matches (``matching.label``).
+JSON-serialisable picture. A node's ``label`` is what ``where`` matches (``matching.label``); its ``name`` is the
+readable one the views draw (``names``).
 """
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Callable, Container, Hashable, Iterator
 from typing import Any
 
 import dace
 from dace import data as dt
 from dace.sdfg import nodes
 
+from . import names
 from .matching import label
 
 #: node kinds, in SDFV's vocabulary
@@ -24,35 +29,69 @@ ACCESS, MAP_ENTRY, MAP_EXIT, TASKLET, LIBRARY, NESTED, OTHER = (
     "nested",
     "other",
 )
+#: what a step did to a node of the picture it made
+ADDED, CHANGED = "added", "changed"
 #: above this many nodes a picture opens with its map scopes collapsed: the static SVG (render.py) and the
 #: widget's view (it reads the picture's ``collapse_above``) alike
 COLLAPSE_ABOVE = 250
 
 
-def describe(sdfg: dace.SDFG | None) -> dict[str, Any] | None:
-    """The drawable picture of ``sdfg`` (None stays None)."""
+def describe(
+    sdfg: dace.SDFG | None, before: dace.SDFG | None = None, metrics: dict[str, dict] | None = None
+) -> dict[str, Any] | None:
+    """The drawable picture of ``sdfg`` (None stays None).
+
+    ``before``: the SDFG of the step this one was made from. The nodes the step added or changed say so in their
+    ``change``; the picture's ``removed`` lists the nodes of ``before`` gone from ``sdfg``, nested SDFGs' too, each
+    with the id of the state that stands for its own (state ids are unique across a picture and its nested ones).
+    ``metrics``: node guid -> numbers measured for it (``{"flops": ..., "ms": ...}``), carried as ``metrics``.
+    """
     if sdfg is None:
         return None
-    return dict(_sdfg(sdfg, prefix=""), collapse_above=COLLAPSE_ABOVE)
+    diff = _Diff(before, sdfg) if before is not None else None
+    state_ids: dict[dace.SDFGState, str] = {}
+    picture = _sdfg(sdfg, "", _Context(diff, metrics or {}, state_ids))
+    if diff is not None:
+        picture["removed"] = [
+            {"state": state_ids.get(state) if state is not None else None, "name": _name(node), "kind": _kind(node)}
+            for node, state in diff.removed
+        ]
+    return dict(picture, collapse_above=COLLAPSE_ABOVE)
 
 
 def size(graph: dict[str, Any] | None) -> int:
     """Nodes in a picture, nested SDFGs included."""
-    if graph is None:
-        return 0
-    total = 0
+    return 0 if graph is None else len(all_nodes(graph))
+
+
+def all_nodes(graph: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of a picture, nested SDFGs' included, each before what it holds."""
+    found = []
     for state in graph["states"]:
         for node in state["nodes"]:
-            total += 1 + size(node.get("sdfg"))
-    return total
+            found.append(node)
+            found.extend(all_nodes(node["sdfg"]) if "sdfg" in node else ())
+    return found
 
 
-def _sdfg(sdfg: dace.SDFG, prefix: str) -> dict[str, Any]:
+class _Context:
+    """What describing one SDFG carries down into its nested SDFGs."""
+
+    def __init__(self, diff: _Diff | None, metrics: dict[str, dict], state_ids: dict[dace.SDFGState, str]):
+        self.diff = diff
+        self.metrics = metrics
+        #: each state drawn -> its id in the picture, which the removed nodes' entries point at
+        self.state_ids = state_ids
+
+
+def _sdfg(sdfg: dace.SDFG, prefix: str, context: _Context) -> dict[str, Any]:
     states = list(sdfg.states())
     index = {state: i for i, state in enumerate(states)}
+    context.state_ids.update((state, f"{prefix}s{i}") for i, state in enumerate(states))
     return {
-        "name": sdfg.name,
-        "states": [_state(sdfg, state, f"{prefix}s{i}") for i, state in enumerate(states)],
+        "name": names.readable_sdfg(sdfg.name),
+        "raw": sdfg.name,
+        "states": [_state(sdfg, state, f"{prefix}s{i}", context) for i, state in enumerate(states)],
         "interstate": [
             {
                 "src": f"{prefix}s{index[e.src]}",
@@ -73,23 +112,31 @@ def _interstate_label(edge: dace.InterstateEdge) -> str:
     return "; ".join(parts)
 
 
-def _state(sdfg: dace.SDFG, state: dace.SDFGState, sid: str) -> dict[str, Any]:
+def _state(sdfg: dace.SDFG, state: dace.SDFGState, sid: str, context: _Context) -> dict[str, Any]:
     ids = {node: f"{sid}n{i}" for i, node in enumerate(state.nodes())}
     scopes = state.scope_dict()
     result_nodes = []
     for node in state.nodes():
         entry = state.entry_node(node) if isinstance(node, nodes.ExitNode) else scopes.get(node)
+        name, raw = _name(node), label(node)
+        info = _info(sdfg, node)
         item: dict[str, Any] = {
             "id": ids[node],
             "kind": _kind(node),
-            "label": label(node),
+            "label": raw,
+            "name": name,
+            "guid": str(node.guid),
             "scope": ids[entry] if entry is not None else None,
-            "info": _info(sdfg, node),
+            "info": {"DaCe name": raw, **info} if raw != name else info,
         }
         if isinstance(node, nodes.EntryNode):
             item["exit"] = ids[state.exit_node(node)]
         if isinstance(node, nodes.NestedSDFG):
-            item["sdfg"] = _sdfg(node.sdfg, prefix=f"{ids[node]}.")
+            item["sdfg"] = _sdfg(node.sdfg, f"{ids[node]}.", context)
+        if context.diff is not None and (change := context.diff.change(sdfg, state, node)):
+            item["change"] = change
+        if item["guid"] in context.metrics:
+            item["metrics"] = dict(context.metrics[item["guid"]])
         result_nodes.append(item)
     edges = []
     for e in state.edges():
@@ -99,15 +146,39 @@ def _state(sdfg: dace.SDFG, state: dace.SDFGState, sid: str) -> dict[str, Any]:
             edge["data"] = memlet.data
             edge["subset"] = str(memlet.subset) if memlet.subset is not None else ""
             edge["volume"] = str(memlet.volume) + (" (dynamic)" if memlet.dynamic else "")
+            moved = _bytes(sdfg, memlet)
+            if moved is not None:
+                edge["bytes"] = moved
             if memlet.wcr is not None:
                 edge["wcr"] = str(memlet.wcr)
-            edge["label"] = f"{memlet.data}[{edge['subset']}]"
+            edge["label"] = f"{names.readable(memlet.data)}[{edge['subset']}]"
         else:
             edge["label"] = ""
         if e.src_conn or e.dst_conn:
             edge["connectors"] = f"{e.src_conn or ''} -> {e.dst_conn or ''}"
         edges.append(edge)
-    return {"id": sid, "label": state.label, "nodes": result_nodes, "edges": edges}
+    raw = state.label
+    return {"id": sid, "label": names.readable_state(raw), "raw": raw, "nodes": result_nodes, "edges": edges}
+
+
+def _bytes(sdfg: dace.SDFG, memlet: dace.Memlet) -> int | None:
+    """The bytes a memlet moves, where its volume is a number (not dynamic, not symbolic)."""
+    desc = sdfg.arrays.get(memlet.data)
+    if memlet.dynamic or desc is None:
+        return None
+    try:
+        return int(memlet.volume) * desc.dtype.bytes
+    except (TypeError, ValueError):  # symbolic volumes
+        return None
+
+
+def _name(node: nodes.Node) -> str:
+    """The readable name a view draws for a node."""
+    if isinstance(node, (nodes.MapEntry, nodes.MapExit)):
+        return names.readable_map(node.map.label)
+    if isinstance(node, nodes.NestedSDFG):  # its SDFG's name says where it came from: "(expansion)", "(backward)"
+        return names.readable_sdfg(node.sdfg.name)
+    return names.readable(label(node))
 
 
 def _kind(node: nodes.Node) -> str:
@@ -177,3 +248,130 @@ def _info(sdfg: dace.SDFG, node: nodes.Node) -> dict[str, str]:
             "outputs": ", ".join(sorted(node.out_connectors)),
         }
     return {"node": str(node)}
+
+
+# --- what a step changed --------------------------------------------------------------------------------------
+
+#: a node where it is drawn: the node, its state, the SDFG whose arrays it reads
+_Placed = tuple[nodes.Node, dace.SDFGState, dace.SDFG]
+
+
+class _Diff:
+    """The nodes of an SDFG matched with those of the SDFG its step was made from.
+
+    A node is the same node where its DaCe guid is: transformations keep the nodes they leave alone and give the
+    ones they make new guids. Guids do not say it all: DaCe's ``deepcopy`` gives every access node a new one (and
+    each step works on copies), and regenerating the backward after a step before autodiff makes every node anew.
+    The nodes no guid matches are matched by what they are, state by state and then across their SDFG: an access
+    node by its array, any other node by its kind, its label and the arrays its memlets move, in their order.
+    """
+
+    def __init__(self, before: dace.SDFG, after: dace.SDFG):
+        #: node of ``after`` -> the node of ``before`` it is
+        self.match: dict[nodes.Node, nodes.Node] = {}
+        self._before: dict[nodes.Node, _Placed] = {n[0]: n for n in _placed(before)}
+        self._matched: set[nodes.Node] = set()
+        self._states: dict[dace.SDFGState, dace.SDFGState] = {}
+        self._sdfgs: dict[dace.SDFG, dace.SDFG] = {}
+        by_guid: dict[str, collections.deque[nodes.Node]] = collections.defaultdict(collections.deque)
+        for node in self._before:
+            by_guid[node.guid].append(node)
+        for node, _, _ in _placed(after):
+            if by_guid[node.guid]:  # a copy of a node within one SDFG keeps its guid too: the first is the node
+                self._pair(node, by_guid[node.guid].popleft())
+        pending = [(before, after)]
+        while pending:
+            old, new = pending.pop()
+            self._sdfgs[old] = new
+            self._pair_states(old, new)
+            for old_state in old.states():
+                if (new_state := self._states.get(old_state)) is not None:
+                    self._pair_alike(
+                        _unmatched_in(old_state, old, self._matched), _unmatched_in(new_state, new, self.match)
+                    )
+            self._pair_alike(
+                [p for s in old.states() for p in _unmatched_in(s, old, self._matched)],
+                [p for s in new.states() for p in _unmatched_in(s, new, self.match)],
+            )
+            for state in new.states():
+                for node in state.nodes():
+                    if isinstance(node, nodes.NestedSDFG) and isinstance(self.match.get(node), nodes.NestedSDFG):
+                        pending.append((self.match[node].sdfg, node.sdfg))
+        #: the nodes of ``before`` gone from ``after``, each with the state of ``after`` that took the place of
+        #: its own (None if none did): a map by its entry, a nested SDFG gone as itself (not what it held)
+        self.removed: list[tuple[nodes.Node, dace.SDFGState | None]] = [
+            (node, self._states.get(state))
+            for node, state, sdfg in self._before.values()
+            if node not in self._matched and not isinstance(node, nodes.ExitNode) and sdfg in self._sdfgs
+        ]
+
+    def change(self, sdfg: dace.SDFG, state: dace.SDFGState, node: nodes.Node) -> str | None:
+        """``ADDED``, ``CHANGED`` (its details or, for a map, what its scope holds), or None."""
+        old = self.match.get(node)
+        if old is None:
+            return ADDED
+        _, old_state, old_sdfg = self._before[old]
+        return CHANGED if _fingerprint(old_sdfg, old_state, old) != _fingerprint(sdfg, state, node) else None
+
+    def _pair(self, new: nodes.Node, old: nodes.Node) -> None:
+        self.match[new] = old
+        self._matched.add(old)
+
+    def _pair_states(self, old: dace.SDFG, new: dace.SDFG) -> None:
+        """States by guid, then by label, then by readable label (splits while inlining grow labels)."""
+        keys: tuple[Callable[[dace.SDFGState], Hashable], ...] = (
+            lambda s: s.guid,
+            lambda s: s.label,
+            lambda s: names.readable_state(s.label),
+        )
+        for key in keys:
+            paired = set(self._states.values())
+            unpaired = [s for s in new.states() if s not in paired]
+            for old_state, new_state in _alike([s for s in old.states() if s not in self._states], unpaired, key):
+                self._states[old_state] = new_state
+
+    def _pair_alike(self, old: list[_Placed], new: list[_Placed]) -> None:
+        for (old_node, _, _), (new_node, _, _) in _alike(old, new, _signature):
+            self._pair(new_node, old_node)
+
+
+def _alike(old: list, new: list, key: Callable) -> Iterator[tuple[Any, Any]]:
+    """Items of ``old`` and ``new`` with equal keys, paired in their order."""
+    waiting: dict[Hashable, collections.deque] = collections.defaultdict(collections.deque)
+    for item in old:
+        waiting[key(item)].append(item)
+    for item in new:
+        if queue := waiting.get(key(item)):
+            yield queue.popleft(), item
+
+
+def _placed(sdfg: dace.SDFG) -> Iterator[_Placed]:
+    """Every node a picture of ``sdfg`` draws, nested SDFGs' included."""
+    for state in sdfg.states():
+        for node in state.nodes():
+            yield node, state, sdfg
+            if isinstance(node, nodes.NestedSDFG):
+                yield from _placed(node.sdfg)
+
+
+def _unmatched_in(state: dace.SDFGState, sdfg: dace.SDFG, matched: Container[nodes.Node]) -> list[_Placed]:
+    return [(node, state, sdfg) for node in state.nodes() if node not in matched]
+
+
+def _signature(placed: _Placed) -> Hashable:
+    node, state, _ = placed
+    if isinstance(node, nodes.AccessNode):
+        return ACCESS, node.data
+    # a map's exit goes with its entry: both by what the entry moves
+    mover = state.entry_node(node) if isinstance(node, nodes.ExitNode) else node
+    moved = frozenset(e.data.data for e in state.all_edges(mover) if e.data is not None and e.data.data is not None)
+    return _kind(node), label(node), moved
+
+
+def _fingerprint(sdfg: dace.SDFG, state: dace.SDFGState, node: nodes.Node) -> Hashable:
+    """What makes a node the same as before: its details, and for a map what its scope holds."""
+    info = tuple(_info(sdfg, node).items())
+    if not isinstance(node, nodes.EntryNode):
+        return info
+    held = sorted((_kind(n), label(n)) for n, scope in state.scope_dict().items() if scope is node)
+    return info, tuple(held)

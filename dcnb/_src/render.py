@@ -36,6 +36,10 @@ _SHAPES = {
     graphs.NESTED: 'shape=box peripheries=2 style=filled fillcolor="#eeeeee"',
     graphs.OTHER: "shape=box",
 }
+# what the step did to a node, as its outline: the same colours as the widget's view
+_CHANGES = {graphs.ADDED: ("#2b8a3e", "added"), graphs.CHANGED: ("#f59f00", "changed")}
+#: the most removed nodes the line under a graph names
+REMOVED_SHOWN = 12
 
 
 def to_html(session: Session) -> str:
@@ -51,12 +55,18 @@ def to_html(session: Session) -> str:
     ]
     # forward and backward side by side where the page is wide enough, as a reader compares them
     parts.append("<div style='display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start'>")
-    for title, sdfg in (("Forward SDFG", session.forward_sdfg), ("Backward SDFG", session.backward_sdfg)):
+    shown = (("Forward SDFG", session.forward_sdfg), ("Backward SDFG", session.backward_sdfg))
+    # each graph says what the step changed in the SDFG of the good step it was made from (the naive step: none)
+    previous = session.previous_step() if any(sdfg is not None for _, sdfg in shown) else None
+    befores = session.compiled_sdfgs(previous) if previous is not None else (None, None)
+    for (title, sdfg), before in zip(shown, befores, strict=True):
         if sdfg is None:
             continue
-        picture = graphs.describe(sdfg)
+        picture = graphs.describe(sdfg, before=before)
         parts.append("<div class='dcnb-static-graph' style='flex: 1 1 0; min-width: 320px'>")
-        parts.append(f"<h5 style='margin: 8px 0 4px'>{title}: {_e(sdfg.name)} ({graphs.size(picture)} nodes)</h5>")
+        parts.append(
+            f"<h5 style='margin: 8px 0 4px'>{title}: {_e(picture['name'])} ({graphs.size(picture)} nodes)</h5>"
+        )
         parts.append(graph_img(picture))
         parts.append("</div>")
     parts.append("</div>")
@@ -158,24 +168,48 @@ def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
 
 
 def graph_img(picture: dict[str, Any]) -> str:
-    """The picture as an SVG image, or a note where Graphviz is not installed."""
+    """The picture as an SVG image (or a note where Graphviz is not installed), and under it what the step that
+    made it changed."""
     svg = to_svg(picture)
     if svg is None:
-        return "<p><i>(install Graphviz to see the graph here)</i></p>"
+        return "<p><i>(install Graphviz to see the graph here)</i></p>" + changes_html(picture)
     data = base64.b64encode(svg.encode()).decode()
     img = f'<img alt="{_e(picture["name"])}" style="max-width: 100%" src="data:image/svg+xml;base64,{data}"/>'
     if graphs.size(picture) <= SCROLL_ABOVE:
-        return img
+        return img + changes_html(picture)
     # a large graph at its own size opens on a corner of it (often empty), and shrunk to fit both ways a tall one
     # is a sliver: it fits the width in a box that scrolls down, and its full size is one click away
     box = "<div style='max-height: 720px; overflow: auto; border: 1px solid #c8d0e0'>{}</div>"
     full = img.replace("max-width: 100%", "max-width: none")
     return (
         box.format(img)
+        + changes_html(picture)
         + "<details><summary style='cursor: pointer'>at full size</summary>"
         + box.format(full)
         + "</details>"
     )
+
+
+def changes_html(picture: dict[str, Any]) -> str:
+    """The line under a graph: how many nodes the step added and changed (their outlines' colours), and the
+    nodes it removed; empty for a picture drawn without the step before it."""
+    if "removed" not in picture:
+        return ""
+    counts = {change: 0 for change in _CHANGES}
+    for node in graphs.all_nodes(picture):
+        if node.get("change") in counts:
+            counts[node["change"]] += 1
+    parts = [
+        f"<span style='color: {colour}'>&#9634; {counts[change]} {word}</span>"
+        for change, (colour, word) in _CHANGES.items()
+    ]
+    removed = [f"{r['name']} ({r['kind'].replace('_', ' ')})" for r in picture["removed"]]
+    if removed:
+        more = f", and {len(removed) - REMOVED_SHOWN} more" if len(removed) > REMOVED_SHOWN else ""
+        parts.append(f"{len(removed)} removed: " + _e(", ".join(removed[:REMOVED_SHOWN]) + more))
+    else:
+        parts.append("0 removed")
+    return "<p class='dcnb-changes' style='margin: 4px 0'>this step: " + " &middot; ".join(parts) + "</p>"
 
 
 def to_svg(picture: dict[str, Any]) -> str | None:
@@ -195,7 +229,8 @@ def _dot() -> str | None:
 
 
 def to_dot(picture: dict[str, Any]) -> str:
-    """The picture in Graphviz's language: states and map scopes as clusters (outermost maps collapsed if large)."""
+    """The picture in Graphviz's language: states, map scopes and nested SDFGs as clusters (map scopes and nested
+    SDFGs collapsed if large); what the step added and changed outlined in colour."""
     collapse = graphs.size(picture) > graphs.COLLAPSE_ABOVE
     lines = [
         "digraph sdfg {",
@@ -240,13 +275,27 @@ def _scope_nodes(
     if scope is None and state["nodes"]:
         lines.append(f'{indent}{_q(state["id"] + ":anchor")} [shape=point style=invis];')
     for node in by_scope.get(scope, []):
+        if node["kind"] == graphs.NESTED and "sdfg" in node:
+            if collapse:
+                lines.append(_dot_node(node, indent, f"\n({graphs.size(node['sdfg'])} nodes inside)"))
+            else:
+                # drawn in place, as a map scope is: its node on top, its states in its box below it
+                lines.append(f'{indent}subgraph "cluster_{node["id"]}" {{')
+                lines.append(f'{indent}  label="" style=filled fillcolor="#ffffff" color="#888888" penwidth=2;')
+                lines.append(_dot_node(node, indent + "  "))
+                _dot_sdfg(node["sdfg"], lines, collapse, indent + "  ")
+                lines.extend(
+                    f"{indent}  {_q(node['id'])} -> {_q(state['id'] + ':anchor')} [style=invis];"
+                    for state in node["sdfg"]["states"]
+                    if state["nodes"]
+                )
+                lines.append(f"{indent}}}")
+            shown[node["id"]] = node["id"]
+            continue
         if node["kind"] == graphs.MAP_ENTRY:
             if collapse:
                 body = _descendants(node["id"], by_scope)
-                lines.append(
-                    f"{indent}{_q(node['id'])} [label={_q(node['label'] + ' [' + node['info'].get('range', '') + ']' + chr(10) + f'({len(body)} nodes inside)')} "
-                    f"{_SHAPES[graphs.MAP_ENTRY]}];"
-                )
+                lines.append(_dot_node(node, indent, f"\n({len(body)} nodes inside)"))
                 shown[node["id"]] = node["id"]
                 shown.update({n: node["id"] for n in body})
                 continue
@@ -270,11 +319,14 @@ def _descendants(scope: str, by_scope: dict[str | None, list[dict[str, Any]]]) -
     return found
 
 
-def _dot_node(node: dict[str, Any], indent: str) -> str:
-    label = node["label"]
+def _dot_node(node: dict[str, Any], indent: str, note: str = "") -> str:
+    label = node.get("name") or node["label"]
     if node["kind"] in (graphs.MAP_ENTRY, graphs.MAP_EXIT):
         label += f" [{node['info'].get('range', '')}]"
-    return f"{indent}{_q(node['id'])} [label={_q(label)} {_SHAPES.get(node['kind'], 'shape=box')}];"
+    outline = ""
+    if node.get("change") in _CHANGES:
+        outline = f' color="{_CHANGES[node["change"]][0]}" penwidth=3'
+    return f"{indent}{_q(node['id'])} [label={_q(label + note)} {_SHAPES.get(node['kind'], 'shape=box')}{outline}];"
 
 
 def _q(text: str) -> str:

@@ -1,0 +1,179 @@
+"""DaCe's generated names -> the module's own, for the graph views: ``ln1DOTweight`` reads ``ln1.weight``.
+
+A name in an imported SDFG is built in layers, and each layer is read back here:
+
+- DaCe's ONNX importer (``clean_onnx_name``) spells ``.``, ``/``, ``:``, ``-`` as ``DOT``, ``SLASH``, ``COLON``,
+  ``DASH`` and puts ``ONNX_`` before a leading digit. PyTorch's exporter names a node by its module path and op
+  (``/ln1/LayerNormalization``), its results ``<node>_output_<k>``, and parameters by their state-dict names.
+- Expansions name the SDFG they return ``<node>_expansion`` (matrix products become an Einsum node
+  ``<node>_einsum_expansion``); one written as a ``@dace.program`` gets its Python module in front
+  (``dace_libraries_onnx_op_implementations_array_ops_...``); their maps and tasklets ``<node>_tasklet_map`` and
+  the like. Inlining such an SDFG puts its name before the names of its arrays that clash.
+- Autodiff names gradient arrays ``gradient_<array>`` (the backward SDFG's own) and ``<array>_grad`` (a backward
+  rule's connectors), backward rules' nodes and SDFGs ``<node>_backward[_expansion]``, reversed tasklets
+  ``_<tasklet>_reverse_``; dcnb's passes add ``_part`` (a nested SDFG's share of a gradient) and
+  ``accumulate_<array>``; map fusion ``__map_fusion_<array>``; tasklet fusion ``<a>_fused_<b>``.
+
+Read back: a node ``<path> · <op>``, its output k ``<path> · <op>:k``, a gradient ``∇<array>``, a name inside an
+expansion's SDFG ``<node> › <inner>``, and what a layer says about its node in brackets (``(einsum, backward)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import sys
+
+#: clean_onnx_name's spellings, read back
+_UNESCAPED = {"DOT": ".", "COLON": ":", "SLASH": "/", "DASH": "-"}
+_ESCAPE = re.compile("|".join(_UNESCAPED))
+#: an ONNX node by its path, as PyTorch's exporter names it: the module path, then the op (with its number)
+_NODE_PATH = re.compile(r"/((?:[^/]*/)*)([A-Za-z][A-Za-z0-9]*(?:_\d+)?)(.*)")
+#: what an expansion or autodiff appends to a node's name -> how it reads, in brackets after the node
+_NODE_SUFFIXES = {
+    "einsum_expansion": "einsum",
+    "backward_expansion": "backward",
+    "backward": "backward",
+    "expansion": "expansion",
+}
+#: what only follows an ONNX node's name: the tasklet and map its expansion makes (nothing to say), a scalar
+#: result promoted to an array; its results (``_output_<k>``) read ``:<k>``
+_ONNX_SUFFIXES = {"tasklet": None, "map": None, "array": "array"}
+#: one suffix, whole (longer alternatives first)
+_NODE_SUFFIX = re.compile(r"_(einsum_expansion|backward_expansion|backward|expansion)(?=_|$)")
+_SUFFIX = re.compile(r"_(output_\d+|einsum_expansion|backward_expansion|backward|expansion|tasklet|map|array)(?=_|$)")
+#: an ONNX node without a name (``<op>_<i>``), recognised only where an expansion's suffix follows
+_UNNAMED_NODE = re.compile(
+    r"([A-Z][A-Za-z0-9]*_\d+)(?=_(?:output_\d+|einsum_expansion|expansion|backward|tasklet|map)(?:_|$))(.*)"
+)
+#: a build key dcnb appends to the SDFGs it compiles (build.py)
+_BUILD_KEY = re.compile(r"_[0-9a-f]{16}$")
+#: the states DaCe splits off while inlining (``isolate_nested_sdfg``) are labelled ``<label>_pre_state``; state
+#: fusion keeps the first label, so each nested SDFG inlined adds one more
+_SPLIT_STATE = re.compile(r"(?:_(?:pre|post)_state)+")
+
+
+@dataclasses.dataclass
+class _Part:
+    """One layer of a name: the text, and what the layers around it say about it."""
+
+    text: str
+    tags: list[str] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        return self.text + (f" ({', '.join(self.tags)})" if self.tags else "")
+
+
+@functools.lru_cache(maxsize=65536)
+def readable(raw: str) -> str:
+    """The name of an array, a node or a nested SDFG as the module's author would write it."""
+    return " › ".join(str(part) for part in _parts(_ESCAPE.sub(lambda m: _UNESCAPED[m[0]], raw)))
+
+
+def readable_map(raw: str) -> str:
+    """A map's label: its node's name (DaCe appends ``_map`` to the label of the tasklet it maps)."""
+    return readable(raw.removesuffix("_map") or raw)
+
+
+def readable_sdfg(raw: str) -> str:
+    """An SDFG's name, without the build key dcnb appends and the ``_sdfg`` some of DaCe's own end in."""
+    return readable(_BUILD_KEY.sub("", raw).removesuffix("_sdfg") or raw)
+
+
+def readable_state(raw: str) -> str:
+    """A state's label without the suffixes inlining piles up; a reversed state reads as its forward one."""
+    label = _SPLIT_STATE.sub("", raw)
+    if match := re.fullmatch(r"(.+?)_(?:loop_)?reversed", label):
+        return f"{readable_state(match[1])} (backward)"
+    if match := re.fullmatch(r"copy_(in|out)_(.+)", label):
+        return f"copy {match[1]} {readable(match[2])}"
+    return label
+
+
+def _parts(name: str) -> list[_Part]:
+    # what a layer wraps around a whole name: the marks go on the innermost part, the array it is about
+    if match := re.fullmatch(r"gradient_(.+)", name):
+        return _mark(_parts(match[1]), prefix="∇")
+    if match := re.fullmatch(r"accumulate_(.+)", name):
+        return _mark(_parts(match[1]), prefix="accumulate ")
+    if match := re.fullmatch(r"__map_fusion_(.+)", name):
+        return _mark(_parts(match[1]), tag="fused")
+    if match := re.fullmatch(r"_(.+)_reverse_", name):
+        return _mark(_parts(match[1]), tag="backward")
+    if match := re.fullmatch(r"(.+)_grad", name):
+        return _mark(_parts(match[1]), prefix="∇")
+    if match := re.fullmatch(r"(.+)_part", name):
+        return _mark(_parts(match[1]), tag="part")
+    if "_fused_" in name[1:-1]:
+        return [_Part(" ∘ ".join(readable(piece) for piece in name.split("_fused_")))]
+    if (rest := _without_module(name)) is not None:
+        return _parts(rest)
+    if match := _NODE_PATH.fullmatch(name):
+        path = match[1].strip("/").replace("/", ".")
+        return _suffixed(f"{path} · {match[2]}" if path else match[2], match[3], onnx=True)
+    if match := _UNNAMED_NODE.fullmatch(name):
+        return _suffixed(match[1], match[2], onnx=True)
+    if match := re.fullmatch(r"ONNX_(\d+)(.*)", name):  # a value PyTorch numbered (%19 in its graphs)
+        return _suffixed(f"%{match[1]}", match[2], onnx=True)
+    if match := re.fullmatch(r"__return(?:_(\d+))?", name):  # the importer's outputs
+        return [_Part("output" + (f" {match[1]}" if match[1] else ""))]
+    if match := re.fullmatch(r"_([A-Za-z][A-Za-z0-9_]*?)_", name):  # the Python frontend's ops: _Add_, _Mult_
+        return [_Part(match[1])]
+    if match := re.fullmatch(r"([A-Za-z][A-Za-z0-9]*)__(\d+)(.*)", name):  # an ONNX variadic input: Inputs__0
+        return _suffixed(f"{match[1]}[{match[2]}]", match[3], onnx=False)
+    if cut := _NODE_SUFFIX.search(name, 1):  # any other node's name ends where a suffix begins
+        return _suffixed(name[: cut.start()], name[cut.start() :], onnx=False)
+    return [_Part(name)]
+
+
+def _suffixed(text: str, rest: str, onnx: bool) -> list[_Part]:
+    """A node's name and what follows it: the suffixes layers appended, then maybe a name inside its SDFG."""
+    part = _Part(text)
+    while match := _SUFFIX.match(rest):
+        suffix = match[1]
+        if suffix in _NODE_SUFFIXES:
+            reads = _NODE_SUFFIXES[suffix]
+        elif onnx and suffix.startswith("output_"):
+            part.text += ":" + suffix.removeprefix("output_")
+            reads = None
+        elif onnx:
+            reads = _ONNX_SUFFIXES[suffix]
+        else:
+            break
+        if reads is not None and reads not in part.tags:
+            part.tags.append(reads)
+        rest = rest[match.end() :]
+    if rest.startswith("_") and len(rest) > 1:
+        # a name inside the node's SDFG, which inlining prefixed: that it is inside says "expansion" already
+        part.tags = [t for t in part.tags if t != "expansion"]
+        return [part, *_parts(rest[1:])]
+    part.text += rest
+    return [part]
+
+
+def _mark(parts: list[_Part], prefix: str = "", tag: str = "") -> list[_Part]:
+    parts[-1].text = prefix + parts[-1].text
+    if tag and tag not in parts[-1].tags:
+        parts[-1].tags.append(tag)
+    return parts
+
+
+def _without_module(name: str) -> str | None:
+    """``name`` without the Python module a ``@dace.program`` is named after (DaCe and dcnb's expansions)."""
+    if not name.startswith(("dace_", "dcnb_")):
+        return None
+    modules = _program_modules(len(sys.modules))
+    for i in range(len(name) - 1, 0, -1):
+        if name[i] == "_" and name[:i] in modules:
+            return name[i + 1 :] or None
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _program_modules(_loaded: int) -> frozenset[str]:
+    """DaCe's and dcnb's modules as a ``@dace.program`` in them prefixes its name (loaded ones: a program's
+    module ran before its SDFG existed); keyed by how many modules are loaded, so that new ones count."""
+    return frozenset(
+        m.replace(".", "_") for m in list(sys.modules) if m.startswith(("dace.", "dcnb.")) and "." in m
+    )

@@ -1,0 +1,198 @@
+"""Readable names (dcnb/_src/names.py) for what DaCe's ONNX importer, its expansions and autodiff call things, read
+off the SDFGs of real modules: a transformer block, a conv net and GPT-2's block, imported and differentiated as a
+session does (nothing compiled)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import re
+import warnings
+
+import dace
+import pytest
+from dace.libraries.onnx.converters import clean_onnx_name
+from dace.libraries.onnx.nodes.onnx_op import ONNXOp
+from dace.sdfg import nodes
+from torch import nn
+
+from dcnb._src import frontend, graph, names, passes, program
+from hf_models import BY_NAME
+from zoo import CASES
+
+#: clean_onnx_name's spellings: none is left in a readable name
+MANGLED = re.compile("SLASH|DOT|COLON|DASH")
+MODELS = ["transformer", "convnet", "gpt2_block"]
+
+
+@dataclasses.dataclass
+class Built:
+    module: nn.Module
+    imported: frontend.Imported
+    #: forward (the import's passes ran: expansions inlined) and backward
+    program: program.Program
+
+
+@functools.cache
+def _built(model: str) -> Built:
+    if model in CASES:
+        module, inputs = CASES[model].build()
+    else:
+        module, inputs, _ = BY_NAME[model].build()
+    module.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        imported = frontend.import_module(module, inputs, training=False)
+        pre = copy.deepcopy(imported.sdfg)
+        passes.run(passes.ON_IMPORT, pre)
+        differentiated = program.differentiate(pre, imported, [*imported.param_paths, *imported.inputs])
+    return Built(module, imported, differentiated)
+
+
+@pytest.fixture(params=MODELS)
+def built(request) -> Built:
+    return _built(request.param)
+
+
+def _everything(sdfg: dace.SDFG) -> list[tuple[str, str]]:
+    """(raw, readable) for every array, node, nested SDFG and state of ``sdfg``, nested SDFGs' included."""
+    found = []
+    for g in sdfg.all_sdfgs_recursive():
+        found.append((g.name, names.readable_sdfg(g.name)))
+        found.extend((a, names.readable(a)) for a in g.arrays)
+        for state in g.states():
+            found.append((state.label, names.readable_state(state.label)))
+            for node in state.nodes():
+                if isinstance(node, (nodes.MapEntry, nodes.MapExit)):
+                    found.append((node.map.label, names.readable_map(node.map.label)))
+                elif not isinstance(node, nodes.AccessNode):
+                    found.append((node.label, names.readable(node.label)))
+    return found
+
+
+def test_clean_onnx_names_read_back():
+    assert names.readable(clean_onnx_name("ln1.weight")) == "ln1.weight"
+    assert names.readable(clean_onnx_name("blocks.0.norm-1.weight")) == "blocks.0.norm-1.weight"
+    assert names.readable(clean_onnx_name("/ln1/LayerNormalization")) == "ln1 · LayerNormalization"
+    result = clean_onnx_name("/blocks/blocks.0/attn/MatMul_2_output_1")
+    assert names.readable(result) == "blocks.blocks.0.attn · MatMul_2:1"
+    # a value PyTorch numbered: DaCe puts ONNX_ before the digit
+    assert clean_onnx_name("19") == "ONNX_19" and names.readable("gradient_ONNX_19") == "∇%19"
+
+
+def test_parameters_inputs_and_their_gradients_read_as_the_modules_own(built):
+    params = built.imported.param_paths
+    assert any("DOT" in raw for raw in params)  # the names read here are mangled ones
+    for raw, path in params.items():
+        assert names.readable(raw) == path
+    for raw in built.imported.inputs:
+        assert names.readable(raw) == raw  # forward's argument names are plain identifiers
+    grads = built.program.input_grads
+    assert set(grads) == {*params, *built.imported.inputs}
+    for wrt, gradient in grads.items():
+        assert gradient in built.program.backward.arrays
+        assert names.readable(gradient) == "∇" + names.readable(wrt)
+
+
+def test_onnx_nodes_read_as_module_path_and_op(built):
+    submodules = dict(built.module.named_modules())
+    ops = [(n, s) for n, s in built.imported.sdfg.all_nodes_recursive() if isinstance(n, ONNXOp)]
+    assert len(ops) > 5 and any(" · " in names.readable(n.label) for n, _ in ops)
+    results = named = 0
+    for node, state in ops:
+        path, _, op = names.readable(node.label).rpartition(" · ")
+        assert path == "" or path in submodules, node.label
+        assert re.fullmatch(re.escape(node.schema.name) + r"(_\d+)?", op), node.label
+        # the exporter names a node's results after it (the model's results and simplifier's nodes by a number)
+        for edge in state.out_edges(node):
+            results += 1
+            if edge.data.data.startswith(node.label + "_output_"):
+                named += 1
+                pattern = re.escape(names.readable(node.label)) + r":\d+"
+                assert re.fullmatch(pattern, names.readable(edge.data.data))
+    assert named > 0.8 * results
+
+
+def test_expansions_autodiff_and_states_read_without_dace_s_layers(built):
+    forward, backward = built.program.forward, built.program.backward
+    found = _everything(forward) + _everything(backward)
+    assert sum(bool(MANGLED.search(raw)) for raw, _ in found) > 20
+    assert not [readable for _, readable in found if MANGLED.search(readable)]
+    submodules = dict(built.module.named_modules())
+    for raw, readable in found:
+        # an expansion's array inlined into its parent reads as the node it expanded, then its own name
+        if "_expansion_" in raw and raw in forward.arrays:
+            node, _, inner = readable.partition(" › ")
+            assert inner and node.rpartition(" · ")[0] in ("", *submodules), raw
+        if raw.startswith("gradient_") or raw.endswith("_grad"):
+            assert "∇" in readable, raw
+    # inlining splits a state again for each nested SDFG, and DaCe's labels grow by one "_pre_state" each time
+    states = [state.label for g in (forward, backward) for state in g.states()]
+    assert all(len(names.readable_state(s)) < 40 and "pre_state" not in names.readable_state(s) for s in states)
+    # the backward's nested SDFGs are the backward rules of the forward's nodes
+    nested = [n for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG)]
+    assert nested
+    for node in nested:
+        readable = names.readable_sdfg(node.sdfg.name)
+        assert "backward" in readable and readable.rpartition(" · ")[0] in ("", *submodules), node.sdfg.name
+
+
+def test_a_transformer_block_reads_as_its_module():
+    forward, backward = _built("transformer").program.forward, _built("transformer").program.backward
+    expected = {
+        "norm1DOTweight": "norm1.weight",
+        "self_attnDOTout_projDOTweight": "self_attn.out_proj.weight",
+        "SLASHnorm1SLASHLayerNormalization_output_0": "norm1 · LayerNormalization:0",
+        "dace_libraries_onnx_op_implementations_array_ops_SLASHself_attnSLASHReshape_3_expansion_data_0": (
+            "self_attn · Reshape_3 › data_0"
+        ),
+        "__return": "output",
+    }
+    for raw, readable in expected.items():
+        assert raw in forward.arrays and names.readable(raw) == readable
+    labels = {n.label for n, _ in forward.all_nodes_recursive() if isinstance(n, nodes.CodeNode)}
+    assert "SLASHnorm1SLASHLayerNormalization" in labels
+    assert names.readable("SLASHnorm1SLASHLayerNormalization") == "norm1 · LayerNormalization"
+    assert "SLASHself_attnSLASHMatMul_einsum_expansion" in labels
+    assert names.readable("SLASHself_attnSLASHMatMul_einsum_expansion") == "self_attn · MatMul (einsum)"
+    assert "_Add_" in labels and names.readable("_Add_") == "Add"
+    maps = {n.map.label for n, _ in forward.all_nodes_recursive() if isinstance(n, nodes.MapEntry)}
+    assert "SLASHself_attnSLASHGather_1_tasklet_map" in maps
+    assert names.readable_map("SLASHself_attnSLASHGather_1_tasklet_map") == "self_attn · Gather_1"
+
+    gradients = {
+        "gradient_SLASHself_attnSLASHSoftmax_output_0": "∇self_attn · Softmax:0",
+        "gradient_norm2DOTbias_part": "∇norm2.bias (part)",
+        "SLASHnorm1SLASHLayerNormalization_output_0_grad": "∇norm1 · LayerNormalization:0",
+    }
+    arrays = {a for g in backward.all_sdfgs_recursive() for a in g.arrays}
+    for raw, readable in gradients.items():
+        assert raw in arrays and names.readable(raw) == readable
+    codes = {n.label: n for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.CodeNode)}
+    assert names.readable_sdfg(codes["SLASHnorm1SLASHLayerNormalization_backward"].sdfg.name) == (
+        "norm1 · LayerNormalization (backward)"
+    )
+    assert names.readable("SLASHlinear1SLASHMatMul_einsum_expansion_backward") == "linear1 · MatMul (einsum, backward)"
+    assert "__Add__reverse_" in codes and names.readable("__Add__reverse_") == "Add (backward)"
+    assert "accumulate_gradient_norm2DOTweight" in codes
+    assert names.readable("accumulate_gradient_norm2DOTweight") == "accumulate ∇norm2.weight"
+    block = forward.start_state.label
+    assert block.count("_pre_state") > 3 and names.readable_state(block) == "block"
+    (reversed_,) = [s.label for s in backward.states() if s.label.endswith("_reversed")]
+    assert reversed_.count("_pre_state") > 3 and names.readable_state(reversed_) == "block (backward)"
+    assert names.readable_sdfg(backward.name) == "TransformerEncoderLayer (backward)"
+
+
+def test_an_expansion_s_nested_sdfg_reads_as_the_node_it_expands():
+    sdfg = copy.deepcopy(_built("transformer").imported.sdfg)
+    state = sdfg.start_state
+    norm = next(n for n in state.nodes() if n.label == "SLASHnorm1SLASHLayerNormalization")
+    norm.expand(sdfg, state)
+    (nested,) = [n for n in state.nodes() if isinstance(n, nodes.NestedSDFG)]
+    assert nested.sdfg.name.endswith("SLASHnorm1SLASHLayerNormalization_expansion")
+    picture = graph.describe(sdfg)
+    (drawn,) = [n for s in picture["states"] for n in s["nodes"] if n["kind"] == graph.NESTED]
+    assert drawn["name"] == "norm1 · LayerNormalization (expansion)" and drawn["label"] == nested.label
+    assert drawn["sdfg"]["name"] == "norm1 · LayerNormalization (expansion)"
+    assert drawn["info"]["DaCe name"] == nested.label
