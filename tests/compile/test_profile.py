@@ -1,0 +1,68 @@
+"""Measured time per map and library node (an instrumented copy of the step, built and run apart) beside PyTorch's
+profile of eager, on real builds: the zoo's MLP and Mish."""
+
+import json
+
+import pytest
+import torch
+from dace.sdfg import nodes
+from models import Mish
+from zoo import CASES
+
+import dcnb
+from dcnb._src import profile
+
+pytestmark = pytest.mark.compile
+
+
+def _top_level(sdfg) -> dict[str, str]:
+    """guid -> label of the maps, library nodes and nested SDFGs outside every map, in the SDFG's own states."""
+    return {
+        n.guid: n.label
+        for n, state in sdfg.all_nodes_recursive()
+        if isinstance(n, (nodes.MapEntry, nodes.LibraryNode, nodes.NestedSDFG))
+        and state.sdfg is sdfg and state.entry_node(n) is None
+    }
+
+
+def test_every_map_and_library_node_of_the_mlp_is_timed_and_nothing_of_the_session_changes():
+    module, (x, target) = CASES["mlp"].build()
+    session = dcnb.optimize(module, x, target, baselines=(), time_budget=0.0)
+    # what profiling must leave as it was: a gradient the user holds, parameters, the inputs, the step's timing
+    module.fc1.weight.grad = held = torch.ones_like(module.fc1.weight)
+    params = {name: p.detach().clone() for name, p in module.named_parameters()}
+    x_before, timings, history = x.clone(), session.current.timings, session.history
+    output = session.module(x, target)
+
+    found = profile.run(session, runs=3)
+    json.dumps(found)  # plain data, as the widget sends it
+
+    for side, sdfg in zip(("forward", "backward"), session.compiled_sdfgs()):
+        timed = {k["guid"]: k for k in found["kernels"] if k["side"] == side}
+        # (a library node's timer is on what code generation made of it: the Einsum's BLAS call, LayerNorm's loops)
+        assert timed.keys() == _top_level(sdfg).keys()
+        assert all(timed[g]["name"] == label for g, label in _top_level(sdfg).items())
+    assert [k["ms"] for k in found["kernels"]] == sorted((k["ms"] for k in found["kernels"]), reverse=True)
+    assert found["step_ms"] > 0 and all(k["share"] == k["ms"] / found["step_ms"] for k in found["kernels"])
+    names = [op["name"] for op in found["torch"]]
+    assert "aten::native_layer_norm" in names and {"aten::mm", "aten::addmm"} & set(names)
+    assert 0 < found["torch_ms"] and all(op["share"] == op["ms"] / found["torch_ms"] for op in found["torch"])
+
+    assert module.fc1.weight.grad is held and bool((held == 1).all())
+    assert all(p.grad is None for name, p in module.named_parameters() if name != "fc1.weight")
+    assert all(torch.equal(p, params[name]) for name, p in module.named_parameters())
+    assert torch.equal(x, x_before)
+    assert session.current.timings is timings and session.history == history
+    assert torch.equal(session.module(x, target), output)  # the step's own binaries still run
+
+
+def test_the_maps_of_a_larger_mish_take_their_share_of_the_call():
+    session = dcnb.optimize(Mish(), torch.rand(4, 16, 32, 32), baselines=(), time_budget=0.0)
+    found = profile.run(session, runs=3)
+    kernels = found["kernels"]
+    assert len(kernels) == 10  # five elementwise maps forward, five backward
+    assert kernels[0]["ms"] > 0.01  # 64k elements: tens of microseconds at the least
+    # timed inside the call: together less than it (what is left is the call's own overhead)
+    assert 0 < sum(k["share"] for k in kernels) <= 1
+    names = {op["name"] for op in found["torch"]}
+    assert {"aten::tanh", "aten::softplus", "aten::tanh_backward", "aten::softplus_backward"} <= names
