@@ -1,23 +1,28 @@
 """SessionWidget: the session as a Jupyter widget. Its traits mirror the session; the browser only asks.
 
 The view (``labextension/src/widget.ts``) draws ``graphs``, ``steps``, ``history`` and ``actions`` and sends
-messages: ``{event: "apply", name, where}``, ``{event: "undo"}``, ``{event: "reset"}``, ``{event: "export"}``. Each
-one calls the Session and then refreshes the traits, so the Python session is the only state. The tables come
-formatted (``record.Table``): the view draws their cells as the text and the static HTML show them.
+messages: ``{event: "apply", name, where}`` (or ``match``: an index into ``matches[name]``), ``{event: "undo"}``,
+``{event: "reset"}``, ``{event: "export"}``, ``{event: "show", index}`` (draw that step, against the one it was
+made from; ``null``: the current one). Each one calls the Session and then refreshes the traits, so the Python
+session is the only state. Its Cancel button interrupts the kernel: the step under way ends as cancelled and the
+session stays at its last good step. The tables come formatted (``record.Table``): the view draws their cells as
+the text and the static HTML show them.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import dace
 import ipywidgets
 import traitlets
 from IPython.display import update_display
 
-from . import graph, render
+from . import graph, names, overlays, profile, render, sources
 from .cuda_check import PENDING, CudaBuild
 from .errors import DcnbError
 from .record import tabulate_history, tabulate_timings
@@ -25,6 +30,9 @@ from .session import Session
 from .version import VERSION
 
 MODULE = "dcnb"
+SIDES = ("forward", "backward")
+#: nodes (forward and backward, nested included) up to which a step's code and metrics come with its pictures
+INSPECT_AT_ONCE = 400
 #: dcnb's output: the labextension renders the live widget where the kernel holds it, else the static text/html
 SESSION_MIME = "application/vnd.dcnb.session+json"
 
@@ -52,7 +60,15 @@ class SessionWidget(ipywidgets.DOMWidget):
 
     title = traitlets.Unicode(help="the module, its input shapes and the device").tag(sync=True)
     variable = traitlets.Unicode(help="the name the session is bound to in the notebook").tag(sync=True)
-    graphs = traitlets.Dict(help="'forward' and 'backward' -> the drawable picture of each SDFG (graph.describe)").tag(
+    graphs = traitlets.Dict(
+        help="'forward' and 'backward' -> the drawable picture of each SDFG of the shown step (graph.describe), its "
+        "nodes marked against the step it was made from"
+    ).tag(sync=True)
+    before = traitlets.Dict(
+        help="the pictures of the step the shown one was made from: 'forward', 'backward' and its 'step' (empty "
+        "for the naive step)"
+    ).tag(sync=True)
+    shown = traitlets.Int(0, help="index of the step whose graphs are drawn (the current one unless asked)").tag(
         sync=True
     )
     steps = traitlets.List(
@@ -65,12 +81,22 @@ class SessionWidget(ipywidgets.DOMWidget):
     actions = traitlets.List(help="the actions on offer for the selection: name, description, phase, matches").tag(
         sync=True
     )
+    matches = traitlets.Dict(
+        help="action name -> where it applies, place by place: side, the nodes' labels and readable names"
+    ).tag(sync=True)
     selection = traitlets.List(traitlets.Unicode(), help="node labels chosen in the view; narrows `where`").tag(
         sync=True
     )
     busy = traitlets.Unicode("", help="what the session is doing now; empty when idle").tag(sync=True)
     message = traitlets.Unicode("", help="the outcome of the last request, in one sentence").tag(sync=True)
     recipe = traitlets.Unicode("[]", help="Session.recipe as JSON").tag(sync=True)
+    sources = traitlets.Dict(
+        help="'forward' and 'backward' -> the shown step's generated code and each node's lines in it (sources.of)"
+    ).tag(sync=True)
+    profile = traitlets.Dict(
+        help="the last profile of a step (profile.run): its 'step', the top kernels ('rows') and PyTorch eager's "
+        "top ops ('eager'); empty before one"
+    ).tag(sync=True)
 
     def __init__(
         self,
@@ -90,6 +116,15 @@ class SessionWidget(ipywidgets.DOMWidget):
         self.display_id = display_id
         #: the steps' background CUDA builds whose end this view waits for
         self._watched: set[CudaBuild] = set()
+        #: the step drawn, where the user asked for one other than the current
+        self._shown: int | None = None
+        #: action name -> its places now, as ``matches`` lists them
+        self._places: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        #: a step's compiled forward SDFG -> its static metrics per side (overlays.of), for the steps inspected so
+        #: far (by SDFG, not index: an index is used again after an undo)
+        self._metrics: weakref.WeakKeyDictionary[dace.SDFG, dict[str, Any]] = weakref.WeakKeyDictionary()
+        #: the compiled forward SDFG of the step profiled last, and what profile.run measured
+        self._profiled: tuple[dace.SDFG, dict[str, Any]] | None = None
         self.on_msg(self._on_msg)
         self.refresh()
 
@@ -97,9 +132,18 @@ class SessionWidget(ipywidgets.DOMWidget):
 
     def refresh(self) -> None:
         s = self.session
+        if self._shown is not None and not self._is_good(self._shown):
+            self._shown = None  # undone or reset away
+        shown = s.current.index if self._shown is None else self._shown
+        good = [s.compiled_sdfgs(step.index)[0] for step in s.history if step.ok and self._is_good(step.index)]
+        if self._profiled is not None and not any(self._profiled[0] is sdfg for sdfg in good):
+            self._profiled = None  # its step was undone or reset away
         with self.hold_sync():
+            self.profile = {} if self._profiled is None else self.profile
             self.title = s.as_text().splitlines()[0].removeprefix("dcnb session: ")
-            self.graphs = {"forward": graph.describe(s.forward_sdfg), "backward": graph.describe(s.backward_sdfg)}
+            self.shown = shown
+            self.graphs, self.before = self._pictures(shown)
+            self.sources = self._sources(shown) if s.compiled_sdfgs(shown)[0] in self._metrics else {}
             self.steps = self._steps()
             self.current = s.current.index
             self.history = tabulate_history(s.history, s.current.index).to_dict()
@@ -109,6 +153,56 @@ class SessionWidget(ipywidgets.DOMWidget):
             if step.cuda is not None and step.cuda.state == PENDING and step.cuda not in self._watched:
                 self._watched.add(step.cuda)
                 step.cuda.on_done(self._cuda_ended)
+
+    def _is_good(self, index: int) -> bool:
+        try:
+            self.session.compiled_sdfgs(index)
+        except DcnbError:
+            return False
+        return True
+
+    def _pictures(self, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The pictures of step ``index`` with what was measured of its nodes, marked against the step it was made
+        from, and that step's own."""
+        s = self.session
+        forward, backward = s.compiled_sdfgs(index)
+        previous = s.previous_step(index)
+        old = s.compiled_sdfgs(previous) if previous is not None else (None, None)
+        metrics = self._measured(index)
+        graphs = {
+            side: graph.describe(sdfg, before=was, metrics=metrics.get(side))
+            for side, sdfg, was in zip(SIDES, (forward, backward), old)
+        }
+        if previous is None:
+            return graphs, {}
+        return graphs, {"forward": graph.describe(old[0]), "backward": graph.describe(old[1]), "step": previous}
+
+    def _measured(self, index: int) -> dict[str, dict[str, dict]]:
+        """Side -> node guid -> bytes, FLOPs and intensity of step ``index``'s nodes, with the milliseconds where
+        it was the step profiled last; the static numbers only for a step inspected (small graphs always are)."""
+        key = self.session.compiled_sdfgs(index)[0]
+        if key not in self._metrics and self._small(index):
+            self._metrics[key] = overlays.of(self.session, index)
+        static = self._metrics[key] if key in self._metrics else {}
+        found = {side: {guid: dict(m) for guid, m in (static.get(side) or {}).items()} for side in SIDES}
+        if self._profiled is not None and self._profiled[0] is key:
+            for kernel in self._profiled[1]["kernels"]:
+                found[kernel["side"]].setdefault(kernel["guid"], {})["ms"] = kernel["ms"]
+        return found
+
+    def _sources(self, index: int) -> dict[str, Any]:
+        """Step ``index``'s generated code, or none where its build folder is gone (a cache cleared meanwhile)."""
+        try:
+            return sources.of(self.session, index)
+        except DcnbError:
+            return {}
+
+    def _small(self, index: int) -> bool:
+        """Whether step ``index``'s code and metrics come with its pictures (they take seconds to work out on a
+        large graph: there the view asks for them, ``{event: "inspect"}``)."""
+        forward, backward = self.session.compiled_sdfgs(index)
+        nodes = sum(len(list(s.all_nodes_recursive())) for s in (forward, backward) if s is not None)
+        return nodes <= INSPECT_AT_ONCE
 
     def _steps(self) -> list[dict[str, Any]]:
         return [
@@ -128,7 +222,7 @@ class SessionWidget(ipywidgets.DOMWidget):
         self._refresh_actions()
 
     def _refresh_actions(self) -> None:
-        where = self.selection or None
+        offers = self.session.actions(where=self.selection or None)
         self.actions = [
             {
                 "name": a.name,
@@ -137,18 +231,46 @@ class SessionWidget(ipywidgets.DOMWidget):
                 "phase": a.phase,
                 "matches": a.matches,
             }
-            for a in self.session.actions(where=where)
+            for a in offers
         ]
+        names = self._names()
+        self._places = {a.name: list(a.at) for a in offers if a.at}
+        self.matches = {
+            name: [
+                {"side": side, "labels": list(labels), "names": [names.get(x, x) for x in labels]}
+                for side, labels in at
+            ]
+            for name, at in self._places.items()
+        }
+
+    def _names(self) -> dict[str, str]:
+        """Node label -> the readable name the current pictures draw it with."""
+        found: dict[str, str] = {}
+
+        def walk(picture: dict[str, Any] | None) -> None:
+            for state in (picture or {}).get("states", []):
+                for node in state["nodes"]:
+                    found.setdefault(node["label"], node.get("name", node["label"]))
+                    walk(node.get("sdfg"))
+
+        for picture in self.graphs.values():
+            walk(picture)
+        return found
 
     # --- requests from the view -----------------------------------------------------------------------------------
 
     def _on_msg(self, widget: SessionWidget, content: dict, buffers: list) -> None:
         event = content.get("event")
         handlers: dict[str, Callable[[], str]] = {
-            "apply": lambda: self.apply(str(content.get("name", "")), content.get("where") or None),
+            "apply": lambda: self.apply(
+                str(content.get("name", "")), content.get("where") or None, content.get("match")
+            ),
             "undo": self.undo,
             "reset": self.reset,
             "export": self.export_recipe,
+            "show": lambda: self.show(content.get("index")),
+            "inspect": self.inspect,
+            "profile": self.run_profile,
         }
         if event in handlers and not self.busy:
             self._run(handlers[event])
@@ -160,6 +282,10 @@ class SessionWidget(ipywidgets.DOMWidget):
             self.message = request()
         except (DcnbError, KeyError, OSError) as e:
             self.message = str(e).strip("'\"")
+        except KeyboardInterrupt:  # the view's Cancel (it interrupts the kernel), or the kernel's stop button
+            cancelled = self.session.history[-1]
+            reason = cancelled.error if not cancelled.ok else "cancelled"
+            self.message = f"{reason}; the session stays at step {self.session.current.index}"
         finally:
             self.busy = ""
             if self.progress is not None:
@@ -167,19 +293,71 @@ class SessionWidget(ipywidgets.DOMWidget):
         self.refresh()
         self.update_static()
 
-    def apply(self, name: str, where: list[str] | None = None) -> str:
-        """Apply an action as the view asks; returns the outcome in one sentence."""
+    def apply(self, name: str, where: list[str] | None = None, match: int | None = None) -> str:
+        """Apply an action as the view asks, where the selection is or at one of its ``matches``; returns the
+        outcome in one sentence."""
+        if match is not None:
+            places = self._places.get(name, [])
+            if not isinstance(match, int) or not 0 <= match < len(places):
+                raise DcnbError(f"{name} has no match {match!r} now (it matches {len(places)} place(s))")
+            where = list(places[match][1])
         self.busy = f"applying {name}"
         step = self.session.apply(name, where=where)
         if step.ok:
             return f"step {step.index}: {step.title} applied at {step.applied} place(s)"
         return f"step {step.index}: {step.title} failed: {step.error}"
 
+    def inspect(self) -> str:
+        """Work out the shown step's generated code and its nodes' bytes, FLOPs and intensity."""
+        self.busy = "reading the generated code and counting bytes and FLOPs"
+        shown = self.shown
+        key = self.session.compiled_sdfgs(shown)[0]
+        if key not in self._metrics:
+            self._metrics[key] = overlays.of(self.session, shown)
+        return f"step {shown}: the code and the bytes and FLOPs of each node are shown"
+
+    def run_profile(self) -> str:
+        """Time each map and library node of the current step in an instrumented build of its own, beside PyTorch
+        eager's profile; the step's own timing stays as it was measured."""
+        self.busy = "profiling: an instrumented build, timed"
+        index = self.session.current.index
+        measured = profile.run(self.session)
+        self._profiled = (self.session.forward_sdfg, measured)
+        self._shown = None
+        drawn = {
+            node["guid"]: node.get("name", node["label"])
+            for picture in map(graph.describe, self.session.compiled_sdfgs())
+            if picture is not None
+            for node in graph.all_nodes(picture)
+        }
+        self.profile = {
+            "step": index,
+            # by the names the graph shows them with
+            "rows": [dict(k, name=drawn.get(k["guid"]) or names.readable(k["name"])) for k in measured["kernels"]],
+            "eager": measured["torch"],
+            "step_ms": measured["step_ms"],
+            "torch_ms": measured["torch_ms"],
+        }
+        top = self.profile["rows"][0] if self.profile["rows"] else None
+        where = f"; the slowest: {top['name']} ({top['ms']:.3g} ms, {top['share']:.0%})" if top else ""
+        return f"step {index} profiled: {measured['step_ms']:.3g} ms per call instrumented{where}"
+
+    def show(self, index: int | None) -> str:
+        """Draw step ``index`` (None: the current one) against the step it was made from."""
+        if index is None or index == self.session.current.index:
+            self._shown = None
+            return f"showing the current step {self.session.current.index}"
+        if not isinstance(index, int) or not self._is_good(index):
+            raise DcnbError(f"step {index} cannot be shown: only the good steps that led to the current one can")
+        self._shown = index
+        return f"showing step {index}, against the step it was made from"
+
     def undo(self) -> str:
         return f"back at step {self.session.undo().index}"
 
     def reset(self) -> str:
         self.selection = []
+        self._shown = None
         self.session.reset()
         return "back at the naive step"
 

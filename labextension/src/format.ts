@@ -1,5 +1,6 @@
 // What the session widget's traits hold (dcnb/_src/widget.py), and the one-line summary of a step. Pure code,
 // tested under node.
+import { Picture } from './layout';
 import { TableData } from './tables';
 
 export interface Timing {
@@ -82,4 +83,43 @@ export function stepSummary(step: StepData): string {
     parts.push(step.cuda.text);
   }
   return parts.join(' · ');
+}
+
+// `before`: the pictures of the step the shown one was made from ({} where there is none).
+export interface BeforeData {
+  forward?: Picture | null;
+  backward?: Picture | null;
+  step?: number;
+}
+
+// One side's generated code (`sources`): its text and each node's lines in it (by guid; 1-based, inclusive).
+export interface SourceData {
+  language: 'cpp' | 'cuda';
+  text: string;
+  nodes: Record<string, [number, number]>;
+}
+
+// `profile`: the instrumented build's top kernels, beside PyTorch eager's top ops ({} before a profile).
+export interface ProfileData {
+  step?: number;
+  rows?: { guid: string; name: string; side: 'forward' | 'backward'; ms: number; share: number }[];
+  eager?: { name: string; ms: number; share: number }[];
+}
+
+// One place an action matches (`matches`, by action name): the labels `where` takes, their readable names.
+export interface MatchData {
+  side: 'forward' | 'backward';
+  labels: string[];
+  names: string[];
+}
+
+// A share of the total time (a fraction) as a percentage.
+export function percent(share: number): string {
+  return `${(100 * share).toFixed(1)}%`;
+}
+
+// Seconds elapsed, as the progress line counts them.
+export function elapsed(since: number, now: number): string {
+  const s = Math.max(0, Math.floor((now - since) / 1000));
+  return s < 60 ? `${s} s` : `${Math.floor(s / 60)} min ${s % 60} s`;
 }

@@ -1,28 +1,67 @@
-// One SDFG drawn in SVG the way DaCe's SDFV draws it: states, map scopes, SDFV's node shapes, memlets.
+// One SDFG drawn in SVG the way DaCe's SDFV draws it: states, map scopes, nested SDFGs drawn in place, SDFV's node
+// shapes, memlets; what the step changed marked; an overlay of a node metric.
 import { el, svg } from './dom';
-import { countNodes, GraphData, Layout, NodeData, nodeText, Picture, PlacedEdge, PlacedNode, scopeIds } from './layout';
+import {
+  ancestors,
+  defaultCollapsed,
+  displayName,
+  isContainer,
+  Layout,
+  NESTED_HEADER,
+  NodeData,
+  nodeText,
+  NodeTree,
+  nodeTree,
+  Picture,
+  PlacedEdge,
+  PlacedNode,
+  PlacedScope,
+  scopeIds,
+  shownAs,
+  StateData,
+  statesById
+} from './layout';
+import { Heat, HEAT_COLOURS, heatColour, heatPosition, heatScale, metricText, Overlay, OVERLAYS } from './overlay';
 
 export interface GraphViewOptions {
   // node labels (what `where` matches) chosen by clicking; called whenever the selection changes
   onSelect: (labels: string[]) => void;
   // lays out a picture with these scopes collapsed (layoutclient.ts: in a worker when it is large)
-  layout: (graph: GraphData, collapsed: Set<string>) => Promise<Layout>;
+  layout: (graph: Picture, collapsed: Set<string>) => Promise<Layout>;
+  // the node whose details are shown, or null (the session widget shows its generated code beside them)
+  onDetails?: (node: NodeData | null) => void;
 }
 
+// the most removed nodes the line under the graph names (its tooltip names them all)
+const REMOVED_SHOWN = 12;
+
 // One SDFG: pan (drag), zoom (wheel), click a node for its details (shift-click adds to the selection),
-// click a map's [-]/[+] to collapse or expand its scope.
+// click a map's or nested SDFG's [-]/[+] to collapse or expand it.
 export class GraphView {
   readonly node: HTMLDivElement;
   private readonly canvas: SVGSVGElement;
   private readonly root: SVGGElement;
   private readonly details: HTMLDivElement;
   private readonly notice: HTMLDivElement;
+  private readonly legend: HTMLDivElement;
+  private readonly removed: HTMLDivElement;
+  private readonly resizes: ResizeObserver | null = null;
   private drawn = 0;
   private graph: Picture | null = null;
+  private tree: NodeTree | null = null;
   private layout: Layout | null = null;
+  private laying = false;
   private collapsed = new Set<string>();
   private selected = new Set<string>();
+  private highlighted = new Set<string>();
+  private overlay: Overlay | null = null;
+  // each drawn node's group by node id (open nested SDFGs included), for re-marking without a redraw
+  private shapes = new Map<string, SVGGElement>();
   private view = { x: 0, y: 0, scale: 1 };
+  // a fit asked for while the canvas had no size (not attached yet, or hidden): done once it has one
+  private fitPending = false;
+  // the node to centre once the layout under way is drawn
+  private focusPending: string | null = null;
   private drag: { x: number; y: number; moved: boolean } | null = null;
   // a drag goes on outside the canvas: the window follows it, as long as the view lives
   private readonly onMouseMove = (e: MouseEvent): void => this.onDrag(e);
@@ -31,44 +70,62 @@ export class GraphView {
   };
 
   constructor(private readonly options: GraphViewOptions) {
-    this.node = el('div', 'dcnb-graph');
+    this.node = el('div', 'dcnb-graph-view');
+    const row = el('div', 'dcnb-graph');
     this.canvas = svg('svg', { class: 'dcnb-canvas' });
     this.root = svg('g');
     this.canvas.appendChild(this.root);
     this.details = el('div', 'dcnb-details');
     this.notice = el('div', 'dcnb-notice');
-    this.node.append(this.canvas, this.notice, this.details);
+    this.legend = el('div', 'dcnb-legend');
+    this.removed = el('div', 'dcnb-removed');
+    row.append(this.canvas, this.notice, this.legend, this.details);
+    this.node.append(row, this.removed);
     this.canvas.addEventListener('wheel', e => this.onWheel(e), { passive: false });
     this.canvas.addEventListener('mousedown', e => {
       this.drag = { x: e.clientX, y: e.clientY, moved: false };
     });
     window.addEventListener('mousemove', this.onMouseMove);
     window.addEventListener('mouseup', this.onMouseUp);
-    this.showDetails(null);
+    if (typeof ResizeObserver !== 'undefined') {
+      this.resizes = new ResizeObserver(() => this.fitIfSized());
+      this.resizes.observe(this.canvas);
+    }
+    // (the hint, not showDetails: the owner hears of details only once it has made the view)
+    this.showHint();
+    this.drawLegend();
   }
 
   // Take the window's listeners away (they would keep the view alive and draggable after it is gone).
   dispose(): void {
     window.removeEventListener('mousemove', this.onMouseMove);
     window.removeEventListener('mouseup', this.onMouseUp);
+    this.resizes?.disconnect();
     ++this.drawn; // a layout still under way draws nothing
   }
 
-  // Show a new picture; keeps collapsed scopes and the selection where their ids and labels still exist.
-  setGraph(graph: Picture | null, selection: string[]): void {
-    const first = this.graph === null || this.graph.name !== graph?.name;
+  // Show a picture. `fresh` (another tab, a first show) opens it fitted, with the default scopes collapsed;
+  // otherwise (the same SDFG after a step, or the step before) the view stays where it is as long as it shows a
+  // node, and scopes stay collapsed where their ids were collapsible before. The selection is by labels.
+  setGraph(graph: Picture | null, selection: string[], fresh: boolean): void {
     if (graph !== this.graph) {
       this.showDetails(null);
     }
+    const former = this.tree;
     this.graph = graph;
+    this.tree = graph ? nodeTree(graph) : null;
     this.selected = new Set(selection);
-    if (graph && first) {
-      this.collapsed = new Set(countNodes(graph) > graph.collapse_above ? scopeIds(graph) : []);
-    } else if (graph) {
-      const ids = new Set(scopeIds(graph));
-      this.collapsed = new Set([...this.collapsed].filter(id => ids.has(id)));
+    if (graph) {
+      const initial = defaultCollapsed(graph);
+      const known = (id: string) => former !== null && isContainer(former.byId.get(id) ?? NOT_A_NODE);
+      this.collapsed =
+        fresh || former === null
+          ? initial
+          : new Set(scopeIds(graph).filter(id => (known(id) ? this.collapsed.has(id) : initial.has(id))));
     }
-    this.redraw(first);
+    this.drawRemoved();
+    this.drawLegend();
+    this.redraw(fresh);
   }
 
   setSelection(labels: string[]): void {
@@ -76,9 +133,14 @@ export class GraphView {
     if (!labels.length) {
       this.showDetails(null);
     }
-    this.root.querySelectorAll<SVGGElement>('g.dcnb-node').forEach(g => {
-      g.classList.toggle('dcnb-selected', this.selected.has(g.dataset.label ?? ''));
-    });
+    this.mark();
+  }
+
+  // Mark the nodes with these labels (the places an action would apply to); a node inside a collapsed scope
+  // marks the scope.
+  highlight(labels: string[]): void {
+    this.highlighted = new Set(labels);
+    this.mark();
   }
 
   collapseAll(collapse: boolean): void {
@@ -95,25 +157,80 @@ export class GraphView {
     this.redraw(false);
   }
 
+  setOverlay(overlay: Overlay | null): void {
+    this.overlay = overlay;
+    this.drawLegend();
+    if (this.layout && !this.laying) {
+      this.root.replaceChildren();
+      this.draw(this.layout);
+    }
+  }
+
+  // Select the node with this guid and centre it, expanding what holds it; false where the picture lacks it.
+  focus(guid: string): boolean {
+    const node = this.tree && [...this.tree.byId.values()].find(n => n.guid === guid);
+    if (!node || !this.tree) {
+      return false;
+    }
+    this.choose([node.label], node);
+    const closed = ancestors(this.tree, node.id).filter(id => this.collapsed.has(id));
+    this.focusPending = node.id;
+    if (closed.length) {
+      closed.forEach(id => this.collapsed.delete(id));
+      this.redraw(false);
+    } else if (!this.laying) {
+      this.centre();
+    }
+    return true;
+  }
+
   // Show the whole picture (`overview`), or, as a picture first opens, as much of it as stays readable: the
-  // whole picture where that needs no scale below 0.5, else its top left corner at scale 0.75.
+  // whole picture where that needs no scale below 0.5, else its top at scale 0.75, centred on its first node.
   fit(overview = true): void {
     if (!this.layout) {
       return;
     }
     const width = this.canvas.clientWidth || 800;
     const height = this.canvas.clientHeight || 480;
-    const whole = Math.min(1.2, (width - 20) / Math.max(this.layout.width, 1), (height - 20) / Math.max(this.layout.height, 1));
+    const layout = this.layout;
+    const whole = Math.min(1.2, (width - 20) / Math.max(layout.width, 1), (height - 20) / Math.max(layout.height, 1));
     if (overview || whole >= 0.5) {
       this.view = {
         scale: whole,
-        x: (width - this.layout.width * whole) / 2,
-        y: Math.max(10, (height - this.layout.height * whole) / 2)
+        x: (width - layout.width * whole) / 2,
+        y: Math.max(10, (height - layout.height * whole) / 2)
       };
     } else {
-      this.view = { scale: 0.75, x: 10, y: 10 };
+      // a state is as wide as its widest rank: its first nodes sit in its middle, not at its left edge
+      const scale = 0.75;
+      const first = layout.nodes.reduce<PlacedNode | null>((a, n) => (a === null || n.y < a.y ? n : a), null);
+      const centre = first ? first.x + first.width / 2 : layout.width / 2;
+      const x = Math.min(10, Math.max(width - 10 - layout.width * scale, width / 2 - centre * scale));
+      this.view = { scale, x, y: 10 };
     }
     this.applyView();
+  }
+
+  private fitWhenSized(): void {
+    this.fitPending = true;
+    this.fitIfSized();
+  }
+
+  private fitIfSized(): void {
+    if (this.fitPending && this.layout && this.canvas.clientWidth > 0 && this.canvas.clientHeight > 0) {
+      this.fitPending = false;
+      this.fit(false);
+    }
+  }
+
+  // Whether some node is in the canvas as the view is now.
+  private showsANode(): boolean {
+    const width = this.canvas.clientWidth;
+    const height = this.canvas.clientHeight;
+    const { x, y, scale } = this.view;
+    return (this.layout?.nodes ?? []).some(
+      n => x + n.x * scale < width && x + (n.x + n.width) * scale > 0 && y + n.y * scale < height && y + (n.y + n.height) * scale > 0
+    );
   }
 
   private redraw(fit: boolean): void {
@@ -121,27 +238,53 @@ export class GraphView {
     const turn = ++this.drawn;
     if (!graph) {
       this.root.replaceChildren();
+      this.shapes.clear();
       this.layout = null;
       return;
     }
-    this.notice.textContent = `laying out ${countNodes(graph)} nodes…`;
+    this.laying = true;
+    this.notice.textContent = `laying out ${this.tree?.byId.size ?? 0} nodes…`;
     this.notice.style.display = 'block';
     void this.options.layout(graph, this.collapsed).then(layout => {
       if (turn !== this.drawn) {
         return; // a newer picture, a scope change or the view's end superseded this one
       }
+      this.laying = false;
       this.notice.style.display = 'none';
       this.layout = layout;
       this.root.replaceChildren();
       this.draw(layout);
-      if (fit) {
-        // the canvas has its size only once it is attached
-        requestAnimationFrame(() => this.fit(false));
+      if (this.focusPending) {
+        this.centre();
+      } else if (fit || !this.showsANode()) {
+        // a new picture, or one the view would show none of (the canvas may not have its size yet)
+        this.fitWhenSized();
       }
     });
   }
 
+  // Centre the node asked for (focus) at a readable scale.
+  private centre(): void {
+    const id = this.focusPending;
+    this.focusPending = null;
+    const placed = [...(this.layout?.nodes ?? []), ...(this.layout?.scopes ?? [])].find(p => p.id === id);
+    if (!placed) {
+      return;
+    }
+    const width = this.canvas.clientWidth || 800;
+    const height = this.canvas.clientHeight || 480;
+    const scale = Math.max(this.view.scale, 0.9);
+    this.fitPending = false;
+    this.view = {
+      scale,
+      x: width / 2 - (placed.x + placed.width / 2) * scale,
+      y: height / 2 - (placed.y + Math.min(placed.height, 60) / 2) * scale
+    };
+    this.applyView();
+  }
+
   private draw(layout: Layout): void {
+    this.shapes.clear();
     const defs = svg('defs');
     const marker = svg('marker', {
       id: 'dcnb-arrow',
@@ -155,38 +298,65 @@ export class GraphView {
     marker.appendChild(svg('path', { d: 'M 0 0 L 10 5 L 0 10 z', class: 'dcnb-arrowhead' }));
     defs.appendChild(marker);
     this.root.appendChild(defs);
-    for (const s of layout.states) {
-      const g = svg('g', { class: 'dcnb-state' });
-      g.appendChild(svg('rect', { x: s.x, y: s.y, width: s.width, height: s.height, rx: 4 }));
-      const label = svg('text', { x: s.x + 6, y: s.y + 14 });
-      label.textContent = s.state.label;
-      g.appendChild(label);
-      this.root.appendChild(g);
+    // what holds other things is drawn behind them: a nested SDFG's box after the state it sits in, before its
+    // own states
+    const frames = [
+      ...layout.states.map(s => ({ order: 2 * s.depth, draw: () => this.drawState(s) })),
+      ...layout.scopes.map(s => ({ order: 2 * s.depth + 1, draw: () => this.drawScope(s) }))
+    ].sort((a, b) => a.order - b.order);
+    for (const f of frames) {
+      this.root.appendChild(f.draw());
     }
-    for (const s of layout.scopes) {
-      this.root.appendChild(
-        svg('rect', { class: 'dcnb-scope', x: s.x, y: s.y, width: s.width, height: s.height, rx: 3 })
-      );
-    }
+    const heat = this.overlay === 'bytes' ? heatScale(layout.edges.map(e => e.edge.bytes)) : null;
     const labels = new LabelSpace();
     for (const e of [...layout.edges, ...layout.interstate]) {
-      this.root.appendChild(this.drawEdge(e, layout.interstate.includes(e), labels));
+      this.root.appendChild(this.drawEdge(e, layout.interstate.includes(e), labels, heat));
     }
+    const nodeHeat = this.nodeHeat();
     for (const n of layout.nodes) {
-      this.root.appendChild(this.drawNode(n));
+      this.root.appendChild(this.drawNode(n, false, nodeHeat));
     }
+    this.mark();
   }
 
-  private drawEdge(e: PlacedEdge, interstate: boolean, labels: LabelSpace): SVGGElement {
+  private drawState(s: Layout['states'][number]): SVGGElement {
+    const g = svg('g', { class: 'dcnb-state' });
+    g.appendChild(svg('rect', { x: s.x, y: s.y, width: s.width, height: s.height, rx: 4 }));
+    const label = svg('text', { x: s.x + 6, y: s.y + 14 });
+    label.textContent = s.state.label;
+    g.appendChild(label);
+    return g;
+  }
+
+  private drawScope(s: PlacedScope): SVGElement {
+    if (s.entry.kind === 'nested') {
+      return this.drawNode({ id: s.id, x: s.x, y: s.y, width: s.width, height: s.height, node: s.entry }, true, null);
+    }
+    return svg('rect', { class: 'dcnb-scope', x: s.x, y: s.y, width: s.width, height: s.height, rx: 3 });
+  }
+
+  private drawEdge(e: PlacedEdge, interstate: boolean, labels: LabelSpace, heat: Heat | null): SVGGElement {
     const g = svg('g', { class: interstate ? 'dcnb-edge dcnb-interstate' : 'dcnb-edge' });
     const d = e.points.map((p, i) => `${i ? 'L' : 'M'} ${p.x.toFixed(1)} ${p.y.toFixed(1)}`).join(' ');
-    g.appendChild(svg('path', { d, 'marker-end': 'url(#dcnb-arrow)' }));
+    const path = svg('path', { d, 'marker-end': 'url(#dcnb-arrow)' });
+    const bytes = heat && e.edge.bytes ? metricText('bytes', e.edge.bytes) : '';
+    if (heat && e.edge.bytes) {
+      // under the bytes overlay an edge is as wide as the data it moves (log scale)
+      path.setAttribute('stroke-width', (1 + 5 * heatPosition(heat, e.edge.bytes)).toFixed(1));
+    }
+    g.appendChild(path);
     const title = svg('title');
-    title.textContent = [e.edge.label, e.edge.volume ? `volume ${e.edge.volume}` : '', e.edge.wcr ? `wcr ${e.edge.wcr}` : '']
+    title.textContent = [
+      e.edge.label,
+      e.edge.volume ? `volume ${e.edge.volume}` : '',
+      e.edge.wcr ? `wcr ${e.edge.wcr}` : '',
+      e.edge.bytes ? `bytes ${metricText('bytes', e.edge.bytes)}` : ''
+    ]
       .filter(Boolean)
       .join('\n');
     g.appendChild(title);
-    const label = e.edge.volume ? `${e.edge.label} (${e.edge.volume})` : e.edge.label;
+    const amount = bytes || e.edge.volume;
+    const label = amount ? `${e.edge.label} (${amount})` : e.edge.label;
     // a label that would overlap one already drawn is left to the edge's tooltip
     if (e.labelAt && label && labels.take(e.labelAt.x - 30, e.labelAt.y - 6, label.length * 5.5, 12)) {
       const text = svg('text', { x: e.labelAt.x - 30, y: e.labelAt.y + 4 });
@@ -196,72 +366,141 @@ export class GraphView {
     return g;
   }
 
-  private drawNode(p: PlacedNode): SVGGElement {
+  // The overlay's scale over every node of the picture (hidden ones too: expanding a scope keeps the colours).
+  private nodeHeat(): Heat | null {
+    const overlay = this.overlay;
+    return overlay && this.tree ? heatScale([...this.tree.byId.values()].map(n => n.metrics?.[overlay])) : null;
+  }
+
+  // A node, or (`open`) an expanded nested SDFG's box, which its states are drawn over.
+  private drawNode(p: PlacedNode, open: boolean, heat: Heat | null): SVGGElement {
     const node = p.node;
-    const g = svg('g', { class: `dcnb-node dcnb-${node.kind}` });
+    const g = svg('g', { class: `dcnb-node dcnb-${node.kind}${open ? ' dcnb-open' : ''}` });
     g.dataset.id = node.id;
     g.dataset.label = node.label;
-    g.classList.toggle('dcnb-selected', this.selected.has(node.label));
+    g.dataset.name = displayName(node);
+    if (node.change) {
+      g.classList.toggle(`dcnb-${node.change}`, true);
+    }
     g.appendChild(shape(p));
-    // a map entry's label leaves room for its collapse box
-    const shift = node.kind === 'map_entry' ? 12 : 0;
-    const text = svg('text', { x: p.x + p.width / 2 + shift, y: p.y + p.height / 2 + 4, 'text-anchor': 'middle' });
-    text.textContent = clip(nodeText(node) + (p.hidden ? ` (${p.hidden} inside)` : ''), p.width - 2 * shift);
+    const value = this.overlay ? node.metrics?.[this.overlay] : undefined;
+    if (heat && value && value > 0) {
+      g.classList.toggle('dcnb-heat', true);
+      g.setAttribute('style', `--dcnb-heat: ${heatColour(heat, value)}`);
+    }
+    const toggle = isContainer(node) ? toggleAt(p, open) : null;
+    const text = open
+      ? svg('text', { x: p.x + 28, y: p.y + 16 })
+      : svg('text', { x: p.x + p.width / 2 + (toggle ? 12 : 0), y: p.y + p.height / 2 + 4, 'text-anchor': 'middle' });
+    const room = open ? p.width - 40 : p.width - (toggle ? 24 : 0);
+    text.textContent = clip(nodeText(node) + (p.hidden ? ` (${p.hidden} inside)` : ''), room);
     g.appendChild(text);
     const title = svg('title');
-    title.textContent = nodeText(node);
+    title.textContent = [
+      nodeText(node),
+      node.change ? `${node.change} by this step` : '',
+      this.overlay && value !== undefined ? `${overlayName(this.overlay)}: ${metricText(this.overlay, value)}` : ''
+    ]
+      .filter(Boolean)
+      .join('\n');
     g.appendChild(title);
-    if (node.kind === 'map_entry') {
-      // SDFV's collapse box, in the entry's lower left corner
-      const toggle = svg('g', { class: 'dcnb-toggle' });
-      toggle.appendChild(svg('rect', { x: p.x + 22, y: p.y + 3, width: 14, height: 14, rx: 2 }));
-      const sign = svg('text', { x: p.x + 29, y: p.y + 14, 'text-anchor': 'middle' });
-      sign.textContent = p.hidden !== undefined ? '+' : '−';
-      toggle.appendChild(sign);
-      const tip = svg('title');
-      tip.textContent = p.hidden !== undefined ? 'expand this map scope' : 'collapse this map scope';
-      toggle.appendChild(tip);
-      toggle.addEventListener('click', e => {
-        e.stopPropagation();
-        this.toggle(node.id);
-      });
-      g.appendChild(toggle);
+    if (toggle) {
+      g.appendChild(this.drawToggle(node, toggle, p.hidden === undefined));
     }
     g.addEventListener('click', e => {
       if (this.drag?.moved) {
         return;
       }
-      this.onNodeClick(node, e.shiftKey);
+      this.select(node, e.shiftKey);
     });
+    this.shapes.set(node.id, g);
     return g;
   }
 
-  private onNodeClick(node: NodeData, add: boolean): void {
+  // SDFV's collapse box: [−] on an expanded map scope or nested SDFG, [+] on a collapsed one.
+  private drawToggle(node: NodeData, at: { x: number; y: number }, expanded: boolean): SVGGElement {
+    const toggle = svg('g', { class: 'dcnb-toggle' });
+    toggle.appendChild(svg('rect', { x: at.x, y: at.y, width: 14, height: 14, rx: 2 }));
+    const sign = svg('text', { x: at.x + 7, y: at.y + 11, 'text-anchor': 'middle' });
+    sign.textContent = expanded ? '−' : '+';
+    toggle.appendChild(sign);
+    const tip = svg('title');
+    const what = node.kind === 'nested' ? 'nested SDFG' : 'map scope';
+    tip.textContent = `${expanded ? 'collapse' : 'expand'} this ${what}`;
+    toggle.appendChild(tip);
+    toggle.addEventListener('click', e => {
+      e.stopPropagation();
+      this.toggle(node.id);
+    });
+    return toggle;
+  }
+
+  // Selection, highlights and the marks of changes hidden in collapsed scopes, on the drawn nodes.
+  private mark(): void {
+    const tree = this.tree;
+    const lit = new Set<string>();
+    const changedInside = new Set<string>();
+    for (const node of tree?.byId.values() ?? []) {
+      const shown = () => shownAs(tree!, node.id, this.collapsed);
+      if (this.highlighted.has(node.label)) {
+        lit.add(shown());
+      }
+      if (node.change && shown() !== node.id) {
+        changedInside.add(shown());
+      }
+    }
+    for (const [id, g] of this.shapes) {
+      g.classList.toggle('dcnb-selected', this.selected.has(g.dataset.label ?? ''));
+      g.classList.toggle('dcnb-highlight', lit.has(id));
+      g.classList.toggle('dcnb-changed-inside', changedInside.has(id));
+    }
+  }
+
+  // A click: the node alone, or (shift) the node added to or taken from the selection.
+  private select(node: NodeData, add: boolean): void {
+    const chosen = new Set(this.selected);
     if (add) {
-      if (this.selected.has(node.label)) {
-        this.selected.delete(node.label);
+      if (chosen.has(node.label)) {
+        chosen.delete(node.label);
       } else {
-        this.selected.add(node.label);
+        chosen.add(node.label);
       }
     } else {
-      this.selected = this.selected.size === 1 && this.selected.has(node.label) ? new Set() : new Set([node.label]);
+      chosen.clear();
+      if (!(this.selected.size === 1 && this.selected.has(node.label))) {
+        chosen.add(node.label);
+      }
     }
-    this.setSelection([...this.selected]);
-    this.showDetails(this.selected.has(node.label) ? node : null);
-    this.options.onSelect([...this.selected]);
+    this.choose([...chosen], node);
+  }
+
+  private choose(labels: string[], node: NodeData): void {
+    this.setSelection(labels);
+    this.showDetails(labels.includes(node.label) ? node : null);
+    this.options.onSelect(labels);
   }
 
   private showDetails(node: NodeData | null): void {
-    this.details.replaceChildren();
+    this.options.onDetails?.(node);
     if (!node) {
-      this.details.appendChild(
-        el('p', 'dcnb-hint', 'Click a node for its details; shift-click to select several. Actions then apply there.')
-      );
+      this.showHint();
       return;
     }
+    this.details.replaceChildren();
     this.details.appendChild(el('div', 'dcnb-details-kind', node.kind.replace('_', ' ')));
+    this.details.appendChild(el('div', 'dcnb-details-name', displayName(node)));
+    if (node.change) {
+      this.details.appendChild(el('div', `dcnb-details-change dcnb-${node.change}`, `${node.change} by this step`));
+    }
+    const rows: [string, string][] = Object.entries(node.info);
+    for (const [key, name] of OVERLAYS) {
+      const value = key ? node.metrics?.[key] : undefined;
+      if (key && value !== undefined) {
+        rows.push([name, metricText(key, value)]);
+      }
+    }
     const table = el('table');
-    for (const [key, value] of Object.entries(node.info)) {
+    for (const [key, value] of rows) {
       const row = el('tr');
       row.appendChild(el('th', '', key));
       const cell = el('td');
@@ -270,7 +509,8 @@ export class GraphView {
       table.appendChild(row);
     }
     this.details.appendChild(table);
-    const edges = this.graph?.states.flatMap(s => s.edges.filter(e => e.src === node.id || e.dst === node.id)) ?? [];
+    const state = this.tree?.stateOf.get(node.id);
+    const edges = state?.edges.filter(e => e.src === node.id || e.dst === node.id) ?? [];
     if (edges.length) {
       this.details.appendChild(el('div', 'dcnb-details-kind', 'memlets'));
       const list = el('ul');
@@ -280,6 +520,42 @@ export class GraphView {
       }
       this.details.appendChild(list);
     }
+  }
+
+  private showHint(): void {
+    this.details.replaceChildren(
+      el('p', 'dcnb-hint', 'Click a node for its details; shift-click to select several. Actions then apply there.')
+    );
+  }
+
+  // The nodes the step took away, in one line under the graph.
+  private drawRemoved(): void {
+    const removed = this.graph?.removed ?? [];
+    const states = this.graph ? statesById(this.graph) : new Map<string, StateData>();
+    const where = (id: string | null) => (id === null ? '' : `, in ${states.get(id)?.label ?? id}`);
+    const names = removed.map(r => `${r.name} (${r.kind.replace('_', ' ')}${where(r.state)})`);
+    const more = names.length > REMOVED_SHOWN ? `, and ${names.length - REMOVED_SHOWN} more` : '';
+    this.removed.textContent = names.length ? `removed: ${names.slice(0, REMOVED_SHOWN).join(', ')}${more}` : '';
+    this.removed.title = names.join('\n');
+    this.removed.style.display = names.length ? 'block' : 'none';
+  }
+
+  // The overlay's scale: its lowest and highest value either side of the colours.
+  private drawLegend(): void {
+    const overlay = this.overlay;
+    const heat = this.nodeHeat();
+    this.legend.replaceChildren();
+    this.legend.style.display = overlay && heat ? 'flex' : 'none';
+    if (!overlay || !heat) {
+      return;
+    }
+    const bar = el('span', 'dcnb-legend-bar');
+    bar.setAttribute('style', `background: linear-gradient(to right, ${HEAT_COLOURS.join(', ')})`);
+    this.legend.append(
+      el('span', '', `${overlayName(overlay)} (log scale): ${metricText(overlay, heat.min)}`),
+      bar,
+      el('span', '', metricText(overlay, heat.max))
+    );
   }
 
   private onWheel(e: WheelEvent): void {
@@ -312,6 +588,22 @@ export class GraphView {
   private applyView(): void {
     this.root.setAttribute('transform', `translate(${this.view.x.toFixed(1)} ${this.view.y.toFixed(1)}) scale(${this.view.scale.toFixed(4)})`);
   }
+}
+
+// stands in for a node a former picture lacked
+const NOT_A_NODE: NodeData = { id: '', kind: 'other', label: '', scope: null, info: {} };
+
+function overlayName(overlay: Overlay): string {
+  return OVERLAYS.find(([key]) => key === overlay)?.[1] ?? overlay;
+}
+
+// Where a container's collapse box goes: in a map entry's lower left, a nested SDFG's upper left (its header,
+// where it is expanded).
+function toggleAt(p: PlacedNode, open: boolean): { x: number; y: number } {
+  if (p.node.kind === 'map_entry') {
+    return { x: p.x + 22, y: p.y + 3 };
+  }
+  return open ? { x: p.x + 7, y: p.y + (NESTED_HEADER - 14) / 2 + 1 } : { x: p.x + 8, y: p.y + 8 };
 }
 
 // Where memlet labels were drawn, in cells of 100px, so that a new one can check for overlaps quickly.
@@ -363,7 +655,7 @@ function shape(p: PlacedNode): SVGElement {
         [x + c, y], [x + w - c, y], [x + w, y + c], [x + w, y + h], [x, y + h], [x, y + c]
       ]);
     case 'nested': {
-      const g = svg('g');
+      const g = svg('g', { class: 'dcnb-shape' });
       g.appendChild(svg('rect', { x, y, width: w, height: h }));
       g.appendChild(svg('rect', { x: x + 3, y: y + 3, width: w - 6, height: h - 6 }));
       return g;

@@ -1,19 +1,36 @@
 // The SDFG pictures the kernel sends (dcnb/_src/graph.py) and their layout, scope by scope, with dagre.
 //
-// Like DaCe's SDFV, each map scope is laid out on its own and then placed as one box in its parent, so a
-// collapsed scope costs one node and its body is never laid out. Pure code: no DOM, tested under node.
+// Like DaCe's SDFV, each map scope and each nested SDFG is laid out on its own and then placed as one box in its
+// parent, so a collapsed one costs one node and its body is never laid out. Pure code: no DOM, tested under node.
 import * as dagre from '@dagrejs/dagre';
 
 export type Kind = 'access' | 'map_entry' | 'map_exit' | 'tasklet' | 'library' | 'nested' | 'other';
 
+// What the kernel measured or estimated for a node (the overlays colour nodes by one of them).
+export interface Metrics {
+  bytes?: number;
+  flops?: number;
+  intensity?: number;
+  ms?: number;
+}
+
 export interface NodeData {
+  // unique across the picture: a nested SDFG's nodes carry its id as a prefix (`s0n3.s0n1`)
   id: string;
   kind: Kind;
+  // DaCe's label: what selections and `where` name
   label: string;
+  // the readable name the view draws (absent in older pictures: the label then)
+  name?: string;
+  // the node's guid, which the generated code's line ranges and the profile name it by
+  guid?: string;
   scope: string | null;
   info: Record<string, string>;
   exit?: string;
   sdfg?: GraphData;
+  // what the step that made this picture did to the node
+  change?: 'added' | 'changed';
+  metrics?: Metrics;
 }
 
 export interface EdgeData {
@@ -25,6 +42,7 @@ export interface EdgeData {
   volume?: string;
   wcr?: string;
   connectors?: string;
+  bytes?: number;
 }
 
 export interface StateData {
@@ -40,10 +58,19 @@ export interface GraphData {
   interstate: { src: string; dst: string; label: string }[];
 }
 
-// A whole SDFG's picture (graph.describe): a picture of more nodes than `collapse_above` opens with its map
-// scopes collapsed, as the static SVG draws it.
+// A node the step that made this picture took away: `state` is the id of the state of this picture that took
+// the place of its own (null where none did).
+export interface Removed {
+  state: string | null;
+  name: string;
+  kind: string;
+}
+
+// A whole SDFG's picture (graph.describe): a picture of more nodes than `collapse_above` opens with only as many
+// of its map scopes and nested SDFGs expanded as keep it readable (defaultCollapsed).
 export interface Picture extends GraphData {
   collapse_above: number;
+  removed?: Removed[];
 }
 
 export interface Box {
@@ -56,7 +83,7 @@ export interface Box {
 
 export interface PlacedNode extends Box {
   node: NodeData;
-  // the nodes hidden inside a collapsed map scope
+  // the nodes hidden inside a collapsed map scope or nested SDFG
   hidden?: number;
 }
 
@@ -67,12 +94,16 @@ export interface PlacedEdge {
   labelAt?: { x: number; y: number };
 }
 
+// An expanded map scope (`entry` its map entry) or nested SDFG (`entry` the nested SDFG's node), drawn behind
+// what it holds; `depth` counts the nested SDFGs around it.
 export interface PlacedScope extends Box {
   entry: NodeData;
+  depth: number;
 }
 
 export interface PlacedState extends Box {
   state: StateData;
+  depth: number;
 }
 
 export interface Layout {
@@ -88,6 +119,9 @@ export interface Layout {
 const CHAR_WIDTH = 7; // at the 12px font the view draws labels with
 const NODE_HEIGHT = 30;
 const STATE_PADDING = 24;
+// an expanded nested SDFG: its name and toggle above its states, a margin around them
+export const NESTED_HEADER = 24;
+const NESTED_PADDING = 10;
 
 // The size a node's label needs (map entries and exits also show their range).
 export function nodeSize(node: NodeData): { width: number; height: number } {
@@ -96,11 +130,21 @@ export function nodeSize(node: NodeData): { width: number; height: number } {
   return { width: Math.max(60, Math.min(420, text.length * CHAR_WIDTH + extra)), height: NODE_HEIGHT };
 }
 
+// The name the view shows: the readable one where the picture has it.
+export function displayName(node: NodeData): string {
+  return node.name || node.label;
+}
+
 export function nodeText(node: NodeData): string {
   if (node.kind === 'map_entry' || node.kind === 'map_exit') {
-    return `${node.label} [${node.info.range ?? ''}]`;
+    return `${displayName(node)} [${node.info.range ?? ''}]`;
   }
-  return node.label;
+  return displayName(node);
+}
+
+// What can be collapsed: map scopes, and nested SDFGs whose picture came along.
+export function isContainer(node: NodeData): boolean {
+  return node.kind === 'map_entry' || (node.kind === 'nested' && node.sdfg !== undefined);
 }
 
 // Total nodes in a picture, nested SDFGs included.
@@ -117,32 +161,110 @@ export function countNodes(graph: GraphData | null | undefined): number {
   return total;
 }
 
-// The map entries of a picture (what can be collapsed).
+// The map entries and nested SDFGs of a picture, nested ones included (what can be collapsed).
 export function scopeIds(graph: GraphData): string[] {
-  const ids: string[] = [];
-  for (const state of graph.states) {
-    for (const node of state.nodes) {
-      if (node.kind === 'map_entry') {
-        ids.push(node.id);
+  return [...nodeTree(graph).byId.values()].filter(isContainer).map(n => n.id);
+}
+
+// Every node of a picture by id, and what holds it: its map entry, else the nested SDFG node whose picture it is
+// in, else null (the top level).
+export interface NodeTree {
+  byId: Map<string, NodeData>;
+  parent: Map<string, string | null>;
+  // the nodes each container (null: the top level) shows when it is expanded
+  members: Map<string | null, NodeData[]>;
+  // the state each node is in (its memlets are there)
+  stateOf: Map<string, StateData>;
+}
+
+export function nodeTree(graph: GraphData): NodeTree {
+  const tree: NodeTree = { byId: new Map(), parent: new Map(), members: new Map(), stateOf: new Map() };
+  const walk = (g: GraphData, holder: string | null): void => {
+    for (const state of g.states) {
+      for (const node of state.nodes) {
+        const parent = node.scope ?? holder;
+        tree.byId.set(node.id, node);
+        tree.parent.set(node.id, parent);
+        tree.stateOf.set(node.id, state);
+        const list = tree.members.get(parent) ?? [];
+        list.push(node);
+        tree.members.set(parent, list);
+        if (node.sdfg) {
+          walk(node.sdfg, node.id);
+        }
       }
     }
+  };
+  walk(graph, null);
+  return tree;
+}
+
+// Every state of a picture, nested SDFGs' included, by id.
+export function statesById(graph: GraphData): Map<string, StateData> {
+  const found = new Map<string, StateData>();
+  const walk = (g: GraphData): void => {
+    for (const state of g.states) {
+      found.set(state.id, state);
+      state.nodes.forEach(n => n.sdfg && walk(n.sdfg));
+    }
+  };
+  walk(graph);
+  return found;
+}
+
+// The containers around a node, innermost first.
+export function ancestors(tree: NodeTree, id: string): string[] {
+  const result: string[] = [];
+  for (let p = tree.parent.get(id) ?? null; p !== null; p = tree.parent.get(p) ?? null) {
+    result.push(p);
   }
-  return ids;
+  return result;
 }
 
-interface Block {
-  width: number;
-  height: number;
-  nodes: PlacedNode[];
-  scopes: PlacedScope[];
-  edges: PlacedEdge[];
+// Where a node is drawn with these containers collapsed: itself, or the outermost collapsed container around it.
+export function shownAs(tree: NodeTree, id: string, collapsed: Set<string>): string {
+  let shown = id;
+  for (const a of ancestors(tree, id)) {
+    if (collapsed.has(a)) {
+      shown = a;
+    }
+  }
+  return shown;
 }
 
-// Lay out a whole picture; map entries in `collapsed` stand for their scope as one node.
+// The containers a picture opens with collapsed: none where it has at most `collapse_above` nodes; else they open
+// from the outside in, each while the nodes shown stay within that many, so that a picture whose work sits in
+// nested SDFGs (DaCe's auto_optimize makes them) still opens on that work rather than on one closed box.
+export function defaultCollapsed(graph: Picture): Set<string> {
+  const tree = nodeTree(graph);
+  const budget = graph.collapse_above;
+  if (tree.byId.size <= budget) {
+    return new Set();
+  }
+  const opened = new Set<string>();
+  const top = tree.members.get(null) ?? [];
+  let shown = top.length;
+  const queue = top.filter(isContainer);
+  for (let i = 0; i < queue.length; i++) {
+    const members = tree.members.get(queue[i].id) ?? [];
+    if (shown + members.length <= budget) {
+      opened.add(queue[i].id);
+      shown += members.length;
+      queue.push(...members.filter(isContainer));
+    }
+  }
+  return new Set(scopeIds(graph).filter(id => !opened.has(id)));
+}
+
+// Lay out a whole picture; map entries and nested SDFGs in `collapsed` stand for what they hold as one node.
 export function layoutGraph(graph: GraphData, collapsed: Set<string>): Layout {
-  const blocks = new Map<string, Block>();
+  return layoutSdfg(graph, collapsed, 0);
+}
+
+function layoutSdfg(graph: GraphData, collapsed: Set<string>, depth: number): Layout {
+  const blocks = new Map<string, Layout>();
   for (const state of graph.states) {
-    blocks.set(state.id, layoutState(state, collapsed));
+    blocks.set(state.id, layoutState(state, collapsed, depth));
   }
   // the states themselves, as boxes joined by interstate edges
   const g = newGraph(40);
@@ -156,19 +278,8 @@ export function layoutGraph(graph: GraphData, collapsed: Set<string>): Layout {
   for (const state of graph.states) {
     const n = g.node(state.id);
     const box = { x: n.x - n.width / 2, y: n.y - n.height / 2, width: n.width, height: n.height };
-    result.states.push({ id: state.id, ...box, state });
-    const b = blocks.get(state.id)!;
-    const dx = box.x + STATE_PADDING;
-    const dy = box.y + STATE_PADDING;
-    for (const p of b.nodes) {
-      result.nodes.push({ ...p, x: p.x + dx, y: p.y + dy });
-    }
-    for (const s of b.scopes) {
-      result.scopes.push({ ...s, x: s.x + dx, y: s.y + dy });
-    }
-    for (const e of b.edges) {
-      result.edges.push(shift(e, dx, dy));
-    }
+    result.states.push({ id: state.id, ...box, state, depth });
+    place(result, blocks.get(state.id)!, box.x + STATE_PADDING, box.y + STATE_PADDING);
   }
   graph.interstate.forEach((e, i) => {
     const edge = g.edge(e.src, e.dst, `i${i}`);
@@ -180,6 +291,15 @@ export function layoutGraph(graph: GraphData, collapsed: Set<string>): Layout {
   result.width = info.width ?? 0;
   result.height = info.height ?? 0;
   return result;
+}
+
+// Add what was laid out on its own (a state, a scope, a nested SDFG) to `into`, its top left corner at (dx, dy).
+function place(into: Layout, b: Layout, dx: number, dy: number): void {
+  into.states.push(...b.states.map(s => ({ ...s, x: s.x + dx, y: s.y + dy })));
+  into.nodes.push(...b.nodes.map(p => ({ ...p, x: p.x + dx, y: p.y + dy })));
+  into.scopes.push(...b.scopes.map(s => ({ ...s, x: s.x + dx, y: s.y + dy })));
+  into.edges.push(...b.edges.map(e => shift(e, dx, dy)));
+  into.interstate.push(...b.interstate.map(e => shift(e, dx, dy)));
 }
 
 function shift(e: PlacedEdge, dx: number, dy: number): PlacedEdge {
@@ -197,8 +317,8 @@ function newGraph(ranksep = 30): dagre.graphlib.Graph {
   return g;
 }
 
-// Lay out one state: its outermost scope, whose map scopes are laid out first, each on its own.
-export function layoutState(state: StateData, collapsed: Set<string>): Block {
+// Lay out one state: its outermost scope, whose map scopes and nested SDFGs are laid out first, each on its own.
+export function layoutState(state: StateData, collapsed: Set<string>, depth = 0): Layout {
   const byId = new Map(state.nodes.map(n => [n.id, n]));
   const children = new Map<string | null, NodeData[]>();
   for (const node of state.nodes) {
@@ -224,24 +344,31 @@ export function layoutState(state: StateData, collapsed: Set<string>): Block {
   const hiddenCount = (entry: string): number => {
     let total = 0;
     for (const child of children.get(entry) ?? []) {
-      total += 1 + (child.kind === 'map_entry' ? hiddenCount(child.id) : 0);
+      total += 1 + (child.kind === 'map_entry' ? hiddenCount(child.id) : countNodes(child.sdfg));
     }
     return total;
   };
 
-  const layoutScope = (scope: string | null): Block => {
+  const layoutScope = (scope: string | null): Layout => {
     const members = [...(scope !== null ? [byId.get(scope)!] : []), ...(children.get(scope) ?? [])];
-    const inner = new Map<string, Block>();
+    const inner = new Map<string, Layout>();
     const g = newGraph();
+    const nested = new Map<string, Layout>();
     for (const node of members) {
-      if (node.kind === 'map_entry' && node.id !== scope && !collapsed.has(node.id)) {
+      const container = isContainer(node) && node.id !== scope;
+      if (container && node.kind === 'nested' && !collapsed.has(node.id)) {
+        const sub = layoutSdfg(node.sdfg!, collapsed, depth + 1);
+        nested.set(node.id, sub);
+        const width = Math.max(sub.width, nodeSize(node).width) + 2 * NESTED_PADDING;
+        g.setNode(node.id, { width, height: sub.height + NESTED_HEADER + NESTED_PADDING });
+      } else if (container && !collapsed.has(node.id)) {
         const block = layoutScope(node.id);
         inner.set(node.id, block);
         g.setNode(node.id, { width: block.width, height: block.height });
-      } else if (node.kind === 'map_entry' && node.id !== scope) {
+      } else if (container) {
         // a collapsed scope also says how many nodes it hides
         const size = nodeSize(node);
-        g.setNode(node.id, { width: Math.min(size.width + 90, 500), height: size.height });
+        g.setNode(node.id, { width: Math.min(size.width + 110, 520), height: size.height });
       } else {
         g.setNode(node.id, nodeSize(node));
       }
@@ -258,21 +385,26 @@ export function layoutState(state: StateData, collapsed: Set<string>): Block {
       g.setEdge(src, dst, { labelled: src === e.src && dst === e.dst }, `e${i}`);
     });
     dagre.layout(g);
-    const block: Block = { width: 0, height: 0, nodes: [], scopes: [], edges: [] };
+    const block: Layout = { width: 0, height: 0, states: [], nodes: [], scopes: [], edges: [], interstate: [] };
     for (const node of members) {
       const n = g.node(node.id);
       const x = n.x - n.width / 2;
       const y = n.y - n.height / 2;
       const sub = inner.get(node.id);
+      const sdfg = nested.get(node.id);
+      if (sub || sdfg) {
+        // the box goes first: it is drawn behind what it holds
+        block.scopes.push({ id: node.id, x, y, width: n.width, height: n.height, entry: node, depth });
+      }
       if (sub) {
-        block.scopes.push({ id: node.id, x, y, width: n.width, height: n.height, entry: node });
-        block.nodes.push(...sub.nodes.map(p => ({ ...p, x: p.x + x, y: p.y + y })));
-        block.scopes.push(...sub.scopes.map(s => ({ ...s, x: s.x + x, y: s.y + y })));
-        block.edges.push(...sub.edges.map(e => shift(e, x, y)));
+        place(block, sub, x, y);
+      } else if (sdfg) {
+        // the nested SDFG's states, centred below its header
+        place(block, sdfg, x + (n.width - sdfg.width) / 2, y + NESTED_HEADER);
       } else {
         const placed: PlacedNode = { id: node.id, x, y, width: n.width, height: n.height, node };
-        if (node.kind === 'map_entry' && node.id !== scope && collapsed.has(node.id)) {
-          placed.hidden = hiddenCount(node.id);
+        if (isContainer(node) && node.id !== scope && collapsed.has(node.id)) {
+          placed.hidden = node.kind === 'nested' ? countNodes(node.sdfg) : hiddenCount(node.id);
         }
         block.nodes.push(placed);
       }

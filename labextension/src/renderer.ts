@@ -154,7 +154,7 @@ class KernelFreeGraphs extends Widget {
       tab.disabled = !graph;
       tab.addEventListener('click', () => {
         tabs.forEach(t => t.classList.toggle('dcnb-active', t === tab));
-        this.view.setGraph(graph ?? null, []);
+        this.view.setGraph(graph ?? null, [], true);
       });
       tabs.push(tab);
       bar.appendChild(tab);

@@ -23,8 +23,12 @@ export interface TableData {
   row_headers: boolean;
 }
 
-// The table, or null where it has no rows (a step that was not timed).
-export function drawTable(data: TableData | null | undefined): HTMLTableElement | null {
+// The table, or null where it has no rows (a step that was not timed); `onRow` sees each row as it is made (the
+// history's rows are steps the view can show).
+export function drawTable(
+  data: TableData | null | undefined,
+  onRow?: (index: number, row: HTMLTableRowElement) => void
+): HTMLTableElement | null {
   if (!data?.rows?.length) {
     return null;
   }
@@ -35,7 +39,7 @@ export function drawTable(data: TableData | null | undefined): HTMLTableElement 
   const head = el('tr');
   data.columns.forEach((text, i) => head.appendChild(cell('th', text, data.left.includes(i))));
   table.appendChild(head);
-  for (const r of data.rows) {
+  data.rows.forEach((r, index) => {
     const row = el('tr', r.ok ? 'dcnb-ok' : 'dcnb-failed');
     row.classList.toggle('dcnb-current', r.current);
     const last = r.cells.length - 1;
@@ -47,8 +51,9 @@ export function drawTable(data: TableData | null | undefined): HTMLTableElement 
       }
       row.appendChild(c);
     });
+    onRow?.(index, row);
     table.appendChild(row);
-  }
+  });
   return table;
 }
 

@@ -1,17 +1,40 @@
 // SessionModel / SessionView: the session widget. The model mirrors dcnb/_src/widget.py's traits; the view
-// draws them and sends requests ({event: 'apply' | 'undo' | 'reset' | 'export'}); Python does the work.
+// draws them and sends requests ({event: 'apply' | 'undo' | 'reset' | 'export' | 'show' | 'profile'}); Python
+// does the work.
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
 import { historyChart } from './chart';
+import { CodeView } from './codeview';
 import { el } from './dom';
-import { ActionData, StepData, stepSummary } from './format';
+import {
+  ActionData,
+  BeforeData,
+  elapsed,
+  MatchData,
+  percent,
+  ProfileData,
+  SourceData,
+  StepData,
+  stepSummary
+} from './format';
 import { GraphView } from './graphview';
-import { Picture } from './layout';
+import { displayName, NodeData, Picture } from './layout';
 import { layoutAsync } from './layoutclient';
+import { Overlay, OVERLAYS } from './overlay';
 import { drawTable, TableData } from './tables';
 import { MODULE_NAME, MODULE_VERSION } from './version';
 
 type Tab = 'forward' | 'backward';
+type Graphs = Partial<Record<Tab, Picture | null>>;
+
+// the nodes whose generated code the code panel shows
+const CODE_KINDS = new Set(['map_entry', 'map_exit', 'tasklet', 'library', 'nested']);
+
+// What a widget manager in JupyterLab holds (@jupyter-widgets/jupyterlab-manager's WidgetManager.kernel); a
+// manager without a kernel has no such property.
+interface KernelHolder {
+  kernel?: { interrupt(): Promise<void> } | null;
+}
 
 export class SessionModel extends DOMWidgetModel {
   defaults(): Backbone.ObjectHash {
@@ -26,11 +49,17 @@ export class SessionModel extends DOMWidgetModel {
       title: '',
       variable: '',
       graphs: {},
+      before: {},
+      // the step whose pictures `graphs` holds; null: the current one
+      shown: null,
       steps: [],
       history: null,
       current: 0,
       actions: [],
+      matches: {},
       selection: [],
+      sources: {},
+      profile: {},
       busy: '',
       message: '',
       recipe: '[]'
@@ -42,18 +71,117 @@ export class SessionModel extends DOMWidgetModel {
 
 export class SessionView extends DOMWidgetView {
   private graphView!: GraphView;
+  private codeView!: CodeView;
   private tab: Tab = 'forward';
+  // whether the graph shows the step the shown one was made from (`before`)
+  private previous = false;
   private tabs!: Record<Tab, HTMLButtonElement>;
+  private previousButton!: HTMLButtonElement;
+  private overlayChoice!: HTMLLabelElement;
+  private whereLine!: HTMLDivElement;
   private actionBar!: HTMLDivElement;
   private selectionLine!: HTMLDivElement;
   private status!: HTMLDivElement;
+  private statusText!: HTMLSpanElement;
+  private cancel!: HTMLButtonElement;
+  private profileBox!: HTMLDivElement;
   private result!: HTMLDivElement;
   private history!: HTMLDivElement;
   private titleLine!: HTMLDivElement;
+  // the node whose details are shown (its code too, where the kernel sent it)
+  private detailed: NodeData | null = null;
+  // the phase `busy` names, since when it runs, and since when the request runs
+  private phase = '';
+  private phaseSince = 0;
+  private requestSince = 0;
+  private ticker: number | null = null;
+  // closes the open list of an action's matches
+  private closeMatches: (() => void) | null = null;
 
   render(): void {
     this.el.classList.add('dcnb-session');
     this.titleLine = el('div', 'dcnb-title');
+    this.graphView = new GraphView({
+      onSelect: labels => {
+        this.model.set('selection', labels);
+        this.model.save_changes();
+        this.renderSelection();
+      },
+      onDetails: node => {
+        this.detailed = node;
+        this.renderCode();
+      },
+      layout: layoutAsync
+    });
+    this.codeView = new CodeView();
+    this.whereLine = el('div', 'dcnb-where');
+    this.actionBar = el('div', 'dcnb-actions');
+    this.selectionLine = el('div', 'dcnb-selection');
+    this.buildStatus();
+    this.profileBox = el('div', 'dcnb-profile');
+    this.result = el('div', 'dcnb-result');
+    this.history = el('div', 'dcnb-history-box');
+    this.el.append(
+      this.titleLine,
+      this.buildBar(),
+      this.whereLine,
+      this.graphView.node,
+      this.codeView.node,
+      this.actionBar,
+      this.selectionLine,
+      this.status,
+      this.profileBox,
+      this.result,
+      this.history
+    );
+
+    this.listenTo(this.model, 'change:graphs', () => {
+      this.renderGraph(false);
+      this.renderOverlayChoice();
+    });
+    this.listenTo(this.model, 'change:before', () => {
+      // a new step's `before` comes with its `graphs`, which redraw: only a toggle left without pictures redraws
+      if (this.previous && !this.hasBefore()) {
+        this.setPrevious(false);
+      } else {
+        this.renderPrevious();
+      }
+    });
+    this.listenTo(this.model, 'change:actions change:matches', () => this.renderActions());
+    this.listenTo(this.model, 'change:steps change:current change:history change:shown', () => {
+      this.renderResults();
+      this.renderWhere();
+    });
+    this.listenTo(this.model, 'change:busy', () => this.onBusy());
+    this.listenTo(this.model, 'change:message', () => this.renderStatus());
+    this.listenTo(this.model, 'change:sources', () => this.renderCode());
+    this.listenTo(this.model, 'change:profile', () => this.renderProfile());
+    this.listenTo(this.model, 'change:selection', () => {
+      this.graphView.setSelection(this.model.get('selection'));
+      this.renderSelection();
+    });
+    this.listenTo(this.model, 'change:title', () => this.renderTitle());
+    this.renderTitle();
+    this.renderPrevious();
+    this.renderOverlayChoice();
+    this.showTab('forward');
+    this.renderSelection();
+    this.onBusy();
+    this.renderProfile();
+    this.renderResults();
+    this.renderWhere();
+  }
+
+  remove(): any {
+    this.graphView?.dispose();
+    this.codeView?.dispose();
+    this.closeMatches?.();
+    this.stopTicking();
+    return super.remove();
+  }
+
+  // Forward / Backward, the step before, the overlay, and the view's buttons.
+  private buildBar(): HTMLDivElement {
     const bar = el('div', 'dcnb-tabs');
     this.tabs = {
       forward: el('button', 'dcnb-tab', 'Forward'),
@@ -64,52 +192,44 @@ export class SessionView extends DOMWidgetView {
       this.tabs[t].addEventListener('click', () => this.showTab(t));
       bar.appendChild(this.tabs[t]);
     }
+    this.previousButton = el('button', 'dcnb-small dcnb-previous', 'Previous step');
+    this.previousButton.addEventListener('click', () => this.setPrevious(!this.previous));
+    bar.appendChild(this.previousButton);
     bar.appendChild(el('span', 'dcnb-spacer'));
+    this.overlayChoice = el('label', 'dcnb-overlay', 'Overlay: ');
+    const select = el('select');
+    for (const [value, name] of OVERLAYS) {
+      const option = el('option', '', name);
+      option.value = value;
+      select.appendChild(option);
+    }
+    select.addEventListener('change', () => this.graphView.setOverlay((select.value as Overlay) || null));
+    this.overlayChoice.appendChild(select);
+    bar.appendChild(this.overlayChoice);
     for (const [label, tip, fn] of [
       ['Fit', 'show the whole graph', () => this.graphView.fit()],
-      ['Collapse all', 'collapse every map scope', () => this.graphView.collapseAll(true)],
-      ['Expand all', 'expand every map scope', () => this.graphView.collapseAll(false)]
+      ['Collapse all', 'collapse every map scope and nested SDFG', () => this.graphView.collapseAll(true)],
+      ['Expand all', 'expand every map scope and nested SDFG', () => this.graphView.collapseAll(false)]
     ] as [string, string, () => void][]) {
       const b = el('button', 'dcnb-small', label);
       b.title = tip;
       b.addEventListener('click', fn);
       bar.appendChild(b);
     }
-    this.graphView = new GraphView({
-      onSelect: labels => {
-        this.model.set('selection', labels);
-        this.model.save_changes();
-        this.renderSelection();
-      },
-      layout: layoutAsync
-    });
-    this.actionBar = el('div', 'dcnb-actions');
-    this.selectionLine = el('div', 'dcnb-selection');
-    this.status = el('div', 'dcnb-status');
-    this.result = el('div', 'dcnb-result');
-    this.history = el('div', 'dcnb-history-box');
-    this.el.append(this.titleLine, bar, this.graphView.node, this.actionBar, this.selectionLine, this.status, this.result, this.history);
-
-    this.listenTo(this.model, 'change:graphs', () => this.renderGraph());
-    this.listenTo(this.model, 'change:actions change:busy', () => this.renderActions());
-    this.listenTo(this.model, 'change:steps change:current change:history', () => this.renderResults());
-    this.listenTo(this.model, 'change:busy change:message', () => this.renderStatus());
-    this.listenTo(this.model, 'change:selection', () => {
-      this.graphView.setSelection(this.model.get('selection'));
-      this.renderSelection();
-    });
-    this.listenTo(this.model, 'change:title', () => this.renderTitle());
-    this.renderTitle();
-    this.showTab('forward');
-    this.renderActions();
-    this.renderSelection();
-    this.renderStatus();
-    this.renderResults();
+    return bar;
   }
 
-  remove(): any {
-    this.graphView?.dispose();
-    return super.remove();
+  private buildStatus(): void {
+    this.status = el('div', 'dcnb-status');
+    this.statusText = el('span', 'dcnb-status-text');
+    this.cancel = el('button', 'dcnb-small dcnb-cancel', 'Cancel');
+    this.cancel.title = 'interrupt the kernel: the session stays at its last good step';
+    this.cancel.addEventListener('click', () => {
+      this.cancel.disabled = true;
+      this.cancel.textContent = 'Cancelling…';
+      void this.kernel()?.interrupt();
+    });
+    this.status.append(this.statusText, this.cancel);
   }
 
   private showTab(tab: Tab): void {
@@ -117,21 +237,114 @@ export class SessionView extends DOMWidgetView {
     for (const t of ['forward', 'backward'] as Tab[]) {
       this.tabs[t].classList.toggle('dcnb-active', t === tab);
     }
-    this.renderGraph();
+    this.renderGraph(true);
   }
 
   private renderTitle(): void {
     this.titleLine.textContent = `dcnb session ${this.model.get('variable')}: ${this.model.get('title')}`;
   }
 
-  private renderGraph(): void {
-    const graphs = this.model.get('graphs') as Record<Tab, Picture | null>;
+  private before(): BeforeData {
+    return (this.model.get('before') as BeforeData | null) ?? {};
+  }
+
+  // The picture the tab shows: the shown step's, or the one of the step it was made from.
+  private picture(): Picture | null {
+    const graphs = this.model.get('graphs') as Graphs;
+    return (this.previous ? this.before()[this.tab] : graphs[this.tab]) ?? null;
+  }
+
+  private renderGraph(fresh: boolean): void {
+    const graphs = this.model.get('graphs') as Graphs;
     this.tabs.backward.disabled = !graphs.backward;
-    this.graphView.setGraph(graphs[this.tab] ?? null, this.model.get('selection'));
+    this.graphView.setGraph(this.picture(), this.model.get('selection'), fresh);
+  }
+
+  private hasBefore(): boolean {
+    const before = this.before();
+    return Boolean(before.forward || before.backward);
+  }
+
+  private setPrevious(on: boolean): void {
+    this.previous = on;
+    this.renderPrevious();
+    this.renderGraph(false);
+  }
+
+  // Back from the step before to the shown step's picture (a kernel or a place to show is on the shown step);
+  // true where the graph must be drawn again.
+  private leavePrevious(): boolean {
+    const was = this.previous;
+    this.previous = false;
+    this.renderPrevious();
+    return was;
+  }
+
+  // The "Previous step" toggle: there where the kernel sent the pictures of the step before.
+  private renderPrevious(): void {
+    const available = this.hasBefore();
+    this.previousButton.style.display = available ? '' : 'none';
+    this.previousButton.classList.toggle('dcnb-active', this.previous);
+    this.previousButton.title = this.previous
+      ? 'back to the picture of the step shown'
+      : `show the picture of step ${this.before().step ?? ''}, which this step was made from`;
+    this.renderWhere();
+    this.renderCode();
+  }
+
+  // The overlay selector: there where some node or memlet carries a metric.
+  private renderOverlayChoice(): void {
+    const graphs = this.model.get('graphs') as Graphs;
+    const measured = (Object.values(graphs) as (Picture | null)[]).some(g => g && hasMetrics(g));
+    this.overlayChoice.style.display = measured ? '' : 'none';
+  }
+
+  private shown(): number {
+    return (this.model.get('shown') as number | null) ?? (this.model.get('current') as number);
+  }
+
+  // Which step the graph shows, where it is not the session's current one.
+  private renderWhere(): void {
+    const current = this.model.get('current') as number;
+    const shown = this.shown();
+    const steps = this.model.get('steps') as StepData[];
+    this.whereLine.replaceChildren();
+    if (shown !== current) {
+      const step = steps.find(s => s.index === shown);
+      this.whereLine.appendChild(
+        el('span', '', `Showing step ${shown}${step ? ` (${step.title})` : ''}; the session is at step ${current}. `)
+      );
+      const back = el('button', 'dcnb-small dcnb-back', 'Back to the current step');
+      back.addEventListener('click', () => this.send({ event: 'show', index: null }));
+      this.whereLine.appendChild(back);
+    }
+    if (this.previous) {
+      this.whereLine.appendChild(
+        el('span', '', ` The graph shows step ${this.before().step ?? ''}, the step this one was made from.`)
+      );
+    }
+    this.whereLine.style.display = this.whereLine.children.length ? '' : 'none';
+  }
+
+  // The generated code of the node whose details are shown, where the kernel sent it.
+  private renderCode(): void {
+    const node = this.detailed;
+    const sources = (this.model.get('sources') as Partial<Record<Tab, SourceData | null>> | null) ?? {};
+    const source = sources[this.tab];
+    const range = node?.guid && source ? source.nodes[node.guid] : undefined;
+    // the code is the shown step's: a node of the step before may have none or other lines
+    if (!node || !source || !range || this.previous || !CODE_KINDS.has(node.kind)) {
+      this.codeView.hide();
+      return;
+    }
+    const filename = `${this.model.get('variable') || 'session'}.${this.tab}.${source.language === 'cuda' ? 'cu' : 'cpp'}`;
+    this.codeView.show(source, range, displayName(node), filename);
   }
 
   private renderActions(): void {
+    this.closeMatches?.();
     const actions = this.model.get('actions') as ActionData[];
+    const matches = (this.model.get('matches') as Record<string, MatchData[]> | null) ?? {};
     const busy = Boolean(this.model.get('busy'));
     const where = this.model.get('selection') as string[];
     this.actionBar.replaceChildren();
@@ -147,6 +360,15 @@ export class SessionView extends DOMWidgetView {
         (where.length ? ` in the selection` : '');
       b.addEventListener('click', () => this.send({ event: 'apply', name: a.name, where: where.length ? where : null }));
       wrap.appendChild(b);
+      const places = matches[a.name] ?? [];
+      if (places.length) {
+        const more = el('button', 'dcnb-more', '▾');
+        more.dataset.places = a.name;
+        more.title = `apply ${a.name} at one of its ${places.length} place(s)`;
+        more.disabled = busy;
+        more.addEventListener('click', () => this.toggleMatches(wrap, a.name, places));
+        wrap.appendChild(more);
+      }
       this.actionBar.appendChild(wrap);
     }
     this.actionBar.appendChild(el('span', 'dcnb-spacer'));
@@ -154,6 +376,7 @@ export class SessionView extends DOMWidgetView {
     for (const [label, event, tip, enabled] of [
       ['Undo', 'undo', 'go back to the state before the last good step', this.model.get('current') > 0],
       ['Reset', 'reset', 'go back to the naive step', steps.length > 1],
+      ['Profile', 'profile', 'build with instrumentation and time each kernel of the current step', true],
       ['Export recipe', 'export', 'write the recipe to a file that %%dcoptimize --recipe replays', true]
     ] as [string, string, string, boolean][]) {
       const b = el('button', 'dcnb-control', label);
@@ -163,6 +386,47 @@ export class SessionView extends DOMWidgetView {
       b.addEventListener('click', () => this.send({ event }));
       this.actionBar.appendChild(b);
     }
+  }
+
+  // The list of an action's places under its ▾: hovering one marks its nodes, clicking applies the action there.
+  private toggleMatches(wrap: HTMLSpanElement, name: string, places: MatchData[]): void {
+    const here = wrap.querySelector('.dcnb-matches') !== null;
+    this.closeMatches?.();
+    if (here) {
+      return;
+    }
+    const list = el('div', 'dcnb-matches');
+    places.forEach((place, index) => {
+      const names = place.names.length ? place.names : place.labels;
+      const item = el('div', 'dcnb-match', names.join(', ') + (place.side === 'backward' ? ' (backward)' : ''));
+      item.title = `apply ${name} here only (${place.side}: ${place.labels.join(', ')})`;
+      item.addEventListener('mouseenter', () => this.preview(place));
+      item.addEventListener('mouseleave', () => this.graphView.highlight([]));
+      item.addEventListener('click', () => {
+        this.closeMatches?.();
+        this.send({ event: 'apply', name, match: index });
+      });
+      list.appendChild(item);
+    });
+    wrap.appendChild(list);
+    const outside = (e: MouseEvent) => {
+      if (!wrap.contains(e.target as Node)) {
+        this.closeMatches?.();
+      }
+    };
+    document.addEventListener('mousedown', outside, true);
+    this.closeMatches = () => {
+      document.removeEventListener('mousedown', outside, true);
+      list.remove();
+      this.graphView.highlight([]);
+      this.closeMatches = null;
+    };
+  }
+
+  // Mark a place's nodes in the graph, on the tab of its side.
+  private preview(place: MatchData): void {
+    this.showSide(place.side);
+    this.graphView.highlight(place.labels);
   }
 
   private renderSelection(): void {
@@ -181,20 +445,101 @@ export class SessionView extends DOMWidgetView {
     this.selectionLine.appendChild(clear);
   }
 
-  private renderStatus(): void {
+  // A request's progress: its phase (what `busy` says) and the seconds it and the whole request took so far,
+  // every second.
+  private onBusy(): void {
     const busy = this.model.get('busy') as string;
+    const now = Date.now();
+    if (busy && !this.phase) {
+      this.requestSince = now;
+      this.cancel.disabled = false;
+      this.cancel.textContent = 'Cancel';
+    }
+    if (busy !== this.phase) {
+      this.phaseSince = now;
+    }
+    this.phase = busy;
+    if (busy && this.ticker === null) {
+      this.ticker = window.setInterval(() => this.renderStatus(), 1000);
+    } else if (!busy) {
+      this.stopTicking();
+    }
+    this.renderStatus();
+    this.renderActions();
+  }
+
+  private stopTicking(): void {
+    if (this.ticker !== null) {
+      window.clearInterval(this.ticker);
+      this.ticker = null;
+    }
+  }
+
+  private kernel(): KernelHolder['kernel'] {
+    return (this.model.widget_manager as unknown as KernelHolder).kernel ?? null;
+  }
+
+  private renderStatus(): void {
+    const busy = this.phase;
+    const now = Date.now();
     this.status.classList.toggle('dcnb-busy', Boolean(busy));
-    this.status.textContent = busy ? `working: ${busy}…` : (this.model.get('message') as string);
+    this.statusText.textContent = busy
+      ? `working: ${busy}… ${elapsed(this.phaseSince, now)} in this phase, ${elapsed(this.requestSince, now)} in all `
+      : (this.model.get('message') as string);
+    this.cancel.style.display = busy && this.kernel() ? '' : 'none';
+  }
+
+  // The profile's top kernels beside PyTorch eager's top ops; a click on a kernel shows it in the graph.
+  private renderProfile(): void {
+    const profile = (this.model.get('profile') as ProfileData | null) ?? {};
+    this.profileBox.replaceChildren();
+    this.profileBox.style.display = profile.rows?.length ? '' : 'none';
+    if (!profile.rows?.length) {
+      return;
+    }
+    const kernels = profileTable(`Top kernels (step ${profile.step ?? ''})`, ['kernel', 'side', 'ms', 'share']);
+    for (const row of profile.rows) {
+      const tr = profileRow(kernels, [row.name, row.side, row.ms.toFixed(3), percent(row.share)]);
+      tr.classList.toggle('dcnb-clickable', true);
+      tr.title = 'show this kernel in the graph';
+      tr.addEventListener('click', () => this.showKernel(row.side, row.guid));
+    }
+    this.profileBox.appendChild(kernels);
+    if (profile.eager?.length) {
+      const eager = profileTable('PyTorch eager: top ops', ['op', 'ms', 'share']);
+      for (const row of profile.eager) {
+        profileRow(eager, [row.name, row.ms.toFixed(3), percent(row.share)]);
+      }
+      this.profileBox.appendChild(eager);
+    }
+  }
+
+  // The shown step's picture of a side (a place or a kernel is there).
+  private showSide(side: Tab): void {
+    const graphs = this.model.get('graphs') as Graphs;
+    const redraw = this.leavePrevious();
+    if (side !== this.tab && graphs[side]) {
+      this.showTab(side);
+    } else if (redraw) {
+      this.renderGraph(false);
+    }
+  }
+
+  private showKernel(side: Tab, guid: string): void {
+    this.showSide(side);
+    this.graphView.focus(guid);
   }
 
   private renderResults(): void {
     const steps = this.model.get('steps') as StepData[];
     const current = this.model.get('current') as number;
+    const shownIndex = this.shown();
     const last = steps[steps.length - 1];
     this.result.replaceChildren();
     if (last) {
-      const shown = last.ok ? last : steps.find(s => s.index === current) ?? last;
-      if (!last.ok) {
+      const other = shownIndex !== current ? steps.find(s => s.index === shownIndex) : undefined;
+      const shown = other ?? (last.ok ? last : steps.find(s => s.index === current) ?? last);
+      if (!last.ok && !other) {
         this.result.appendChild(el('div', 'dcnb-error', stepSummary(last)));
         if (last.log) {
           const log = el('details', 'dcnb-log');
@@ -218,11 +563,46 @@ export class SessionView extends DOMWidgetView {
       }
     }
     this.history.replaceChildren(el('div', 'dcnb-heading', 'History'));
-    for (const part of [drawTable(this.model.get('history') as TableData | null), historyChart(steps)]) {
+    // a row of the history is a step (both come from the session's history): a click shows its graphs
+    const history = drawTable(this.model.get('history') as TableData | null, (i, row) => {
+      const step = steps[i];
+      if (!step?.ok) {
+        return;
+      }
+      row.classList.toggle('dcnb-clickable', true);
+      row.classList.toggle('dcnb-shown', step.index === shownIndex && shownIndex !== current);
+      row.title = step.index === current ? 'the current step' : `show the graphs of step ${step.index}`;
+      row.addEventListener('click', () => this.send({ event: 'show', index: step.index }));
+    });
+    for (const part of [history, historyChart(steps)]) {
       if (part) {
         this.history.appendChild(part);
       }
     }
     this.renderActions();
   }
+}
+
+// Whether a picture (nested SDFGs included) carries a metric the overlays show.
+function hasMetrics(graph: { states: Picture['states'] }): boolean {
+  return graph.states.some(s =>
+    s.nodes.some(n => (n.metrics && Object.keys(n.metrics).length) || (n.sdfg && hasMetrics(n.sdfg))) ||
+    s.edges.some(e => e.bytes !== undefined)
+  );
+}
+
+function profileTable(caption: string, columns: string[]): HTMLTableElement {
+  const table = el('table', 'dcnb-table dcnb-profile-table');
+  table.appendChild(el('caption', '', caption));
+  const head = el('tr');
+  columns.forEach((c, i) => head.appendChild(el('th', i ? '' : 'dcnb-left', c)));
+  table.appendChild(head);
+  return table;
+}
+
+function profileRow(table: HTMLTableElement, cells: string[]): HTMLTableRowElement {
+  const row = el('tr');
+  cells.forEach((c, i) => row.appendChild(el('td', i ? '' : 'dcnb-left', c)));
+  table.appendChild(row);
+  return row;
 }

@@ -1,14 +1,20 @@
 """The magic and the widget over real sessions: builds, requests from the view, the recipe, the static view."""
 
 import json
+import os
+import re
+import signal
+import threading
+import time
 
 import pytest
 import torch
 from IPython.core.error import UsageError
 
 import dcnb
-from dcnb._src import render
-from dcnb._src.widget import SessionWidget
+from dcnb._src import graph, render, widget
+from dcnb._src.widget import Progress, SessionWidget
+import processes
 from models import Mish
 
 pytestmark = pytest.mark.compile
@@ -86,6 +92,72 @@ def test_the_widget_mirrors_the_session_and_answers_requests(session, tmp_path, 
     _request(w, event="apply", name="map_fusion")
     _request(w, event="reset")
     assert [s["name"] for s in w.steps] == ["naive"]
+
+
+def _children() -> list[int]:
+    """This process's children that still run."""
+    return processes.live(processes.PPID, os.getpid())
+
+
+def test_one_match_a_step_against_its_parent_code_profile_and_cancel(fresh_cache, monkeypatch):
+    progress = Progress()
+    # a shape of its own: a build this process made before is not compiled again, and this test needs a compiler
+    session = dcnb.optimize(Mish(), torch.rand(3, 5, 7), baselines=(), time_budget=0.0, progress=progress)
+    w = SessionWidget(session, progress=progress)
+    places = w.matches["map_fusion"]
+    assert len(places) >= 2 and all(p["side"] in ("forward", "backward") and p["labels"] for p in places)
+
+    # one match: applied there only, and the recipe names where
+    _request(w, event="apply", name="map_fusion", match=1)
+    assert w.steps[-1]["ok"] and w.steps[-1]["applied"] == 1, w.message
+    assert len(w.matches["map_fusion"]) == len(places) - 1
+    assert json.loads(w.recipe) == [{"name": "map_fusion", "where": places[1]["labels"]}]
+    _request(w, event="apply", name="map_fusion", match=99)
+    assert w.message == f"map_fusion has no match 99 now (it matches {len(places) - 1} place(s))" and w.current == 1
+
+    # the step is drawn against the naive step it was made from, which the view can show instead
+    assert w.shown == 1 and w.before["step"] == 0
+    fused = w.graphs["forward"]
+    assert fused.get("removed") and any(n.get("change") == "added" for s in fused["states"] for n in s["nodes"])
+    _request(w, event="show", index=0)
+    assert w.shown == 0 and w.current == 1 and w.before == {} and "change" not in json.dumps(w.graphs)
+    _request(w, event="show", index=None)
+    assert w.shown == 1 and w.graphs == {"forward": fused, "backward": w.graphs["backward"]}
+
+    # a small graph comes with its generated code and its nodes' bytes and FLOPs; a large one when the view asks
+    assert w.sources["forward"]["nodes"] and w.sources["backward"]["nodes"]
+    assert any("flops" in n.get("metrics", {}) for n in graph.all_nodes(w.graphs["forward"]))
+    monkeypatch.setattr(widget, "INSPECT_AT_ONCE", 0)
+    _request(w, event="apply", name="map_fusion", match=0)
+    assert w.current == 2 and w.sources == {} and "metrics" not in json.dumps(w.graphs)
+    _request(w, event="inspect")
+    assert w.sources["forward"]["nodes"] and "metrics" in json.dumps(w.graphs)
+    # a profile: each kernel's time, in the table and on the nodes of the graph
+    _request(w, event="profile")
+    assert w.profile["step"] == 2 and w.profile["rows"] and w.profile["eager"], w.message
+    timed = {n["guid"] for n in graph.all_nodes(w.graphs["forward"]) if "ms" in n.get("metrics", {})}
+    assert timed and timed <= {row["guid"] for row in w.profile["rows"]}
+    _request(w, event="undo")
+    assert w.profile == {} and w.current == 1
+
+    # Cancel interrupts the kernel while a step compiles: the compiler stops, the step is recorded as cancelled
+    # and the session stays where it was
+    running = set(_children())  # (torch.compile's workers, say)
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if w.busy == "compiling" and set(_children()) - running:
+                os.kill(os.getpid(), signal.SIGINT)  # once a compiler runs: as the kernel's interrupt arrives
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    _request(w, event="apply", name="tasklet_fusion")
+    assert re.fullmatch(r"cancelled while compiling after \d+ s; the session stays at step 1", w.message), w.message
+    assert w.busy == "" and w.current == 1 and not w.steps[-1]["ok"] and w.steps[-1]["name"] == "tasklet_fusion"
+    assert set(_children()) <= running
+    assert session.apply("tasklet_fusion").ok  # and the session goes on
 
 
 def test_an_exported_recipe_replays_through_the_magic(ip, tmp_path):

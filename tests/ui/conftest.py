@@ -1,4 +1,4 @@
-"""A real JupyterLab server (the browser and the artifacts folder come from tests/conftest.py)."""
+"""A real JupyterLab server, a browser tab on it (the browser and the artifacts folder come from tests/conftest.py)."""
 
 import contextlib
 import os
@@ -59,3 +59,30 @@ def lab(tmp_path_factory):
     yield base, folder
     server.terminate()
     server.wait(timeout=20)
+
+
+@pytest.fixture
+def page(browser, artifacts, request):
+    """A browser tab; what it showed last is kept as test-artifacts/ui-last-<test>.png, and what went wrong in it
+    (a view that could not render says so only in the console) is printed."""
+    tab = browser.new_page()
+    errors = []
+    tab.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    tab.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+    yield tab
+    print(*errors, sep="\n")
+    if not tab.is_closed():
+        tab.screenshot(path=str(artifacts / f"ui-last-{request.node.name}.png"))
+        tab.close()
+
+
+def run_all(page, path: str) -> None:
+    """Run every cell of the notebook at `path` once it is the tab shown and its kernel is idle (JupyterLab reopens
+    an earlier test's notebook beside it, which can be the tab shown for a moment)."""
+    shown = f"window.jupyterapp?.shell.currentWidget?.context?.path === {path!r}"
+    page.wait_for_function(f"() => {shown} && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel")
+    page.wait_for_function(
+        f"() => {shown} && window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.status === 'idle'",
+        timeout=60_000,
+    )
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")

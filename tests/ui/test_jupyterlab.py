@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from conftest import TOKEN
+from conftest import TOKEN, run_all
 from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.ui, pytest.mark.compile]
@@ -52,22 +52,6 @@ big""",
 ]
 
 
-def run_all(page) -> None:
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel")
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'", timeout=60_000)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
-
-@pytest.fixture
-def page(browser, artifacts):
-    """A browser tab; what it showed last is kept as test-artifacts/ui-last.png."""
-    tab = browser.new_page()
-    yield tab
-    if not tab.is_closed():
-        tab.screenshot(path=str(artifacts / "ui-last.png"))
-        tab.close()
-
-
 def test_run_the_magic_see_the_graph_click_a_step(lab, browser, page, artifacts):
     base, folder = lab
     kernel = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -76,7 +60,7 @@ def test_run_the_magic_see_the_graph_click_a_step(lab, browser, page, artifacts)
     dialogs = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.goto(f"{base}/lab/tree/mish.ipynb?token={TOKEN}")
-    run_all(page)
+    run_all(page, "mish.ipynb")
 
     session = page.locator(LIVE).first
     session.locator(".dcnb-node").first.wait_for(timeout=180_000)
@@ -129,7 +113,7 @@ def test_run_the_magic_see_the_graph_click_a_step(lab, browser, page, artifacts)
     expect(big.locator(".dcnb-node.dcnb-map_entry").first).to_be_visible(timeout=60_000)
     expect(big.locator(".dcnb-notice")).to_be_hidden()
     assert big.locator(".dcnb-node").count() > 20 * 5 and big.locator(".dcnb-node.dcnb-tasklet").count() == 0
-    big.locator(".dcnb-toggle").first.click()  # expand one scope: its tasklet appears
+    big.locator(".dcnb-map_entry .dcnb-toggle").first.click()  # expand one map scope: its tasklet appears
     expect(big.locator(".dcnb-node.dcnb-tasklet").first).to_be_visible(timeout=60_000)
     big.screenshot(path=str(artifacts / "ui-large.png"))
 

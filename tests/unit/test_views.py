@@ -1,6 +1,7 @@
 """The pictures and the static rendering, on small SDFGs built by hand: no compiler needed."""
 
 import base64
+import copy
 import json
 import pathlib
 import re
@@ -10,6 +11,9 @@ from html.parser import HTMLParser
 
 import dace
 import pytest
+from dace.libraries.onnx.converters import clean_onnx_name
+from dace.sdfg import nodes
+from dace.transformation.dataflow import MapFusion, TaskletFusion
 
 import dcnb
 from dcnb._src import graph, record, render, widget
@@ -29,6 +33,51 @@ def scaled_sdfg() -> dace.SDFG:
             y[i, j] = 2 * x[i, j]
 
     return scaled.to_sdfg(simplify=True)
+
+
+def two_maps_sdfg() -> dace.SDFG:
+    @dace.program
+    def two_maps(x: dace.float32[4, 8], y: dace.float32[4, 8]):
+        t = dace.define_local([4, 8], dace.float32)
+        for i, j in dace.map[0:4, 0:8]:
+            t[i, j] = 2 * x[i, j]
+        for i, j in dace.map[0:4, 0:8]:
+            y[i, j] = t[i, j] + 1
+
+    return two_maps.to_sdfg(simplify=True)
+
+
+def nested_sdfg() -> dace.SDFG:
+    @dace.program
+    def inner(x: dace.float32[4, 8], y: dace.float32[4, 8]):
+        for i, j in dace.map[0:4, 0:8]:
+            y[i, j] = 2 * x[i, j]
+
+    @dace.program
+    def outer(x: dace.float32[4, 8], y: dace.float32[4, 8]):
+        inner(x, y)
+
+    return outer.to_sdfg(simplify=False)
+
+
+def onnx_named_sdfg() -> dace.SDFG:
+    """An SDFG named as DaCe's ONNX importer names one: ``ln1.weight * x`` in a state inlining split twice."""
+    sdfg = dace.SDFG("Block_0123456789abcdef")
+    weight, result = clean_onnx_name("ln1.weight"), clean_onnx_name("/ln1/Mul_output_0")
+    sdfg.add_array("x", [4, 8], dace.float32)
+    sdfg.add_array(weight, [8], dace.float32)
+    sdfg.add_array(result, [4, 8], dace.float32)
+    state = sdfg.add_state("block_pre_state_pre_state")
+    state.add_mapped_tasklet(
+        clean_onnx_name("/ln1/Mul"),
+        {"i": "0:4", "j": "0:8"},
+        {"a": dace.Memlet("x[i, j]"), "b": dace.Memlet(f"{weight}[j]")},
+        "c = a * b",
+        {"c": dace.Memlet(f"{result}[i, j]")},
+        external_edges=True,
+    )
+    return sdfg
+
 
 
 def test_versions_agree():
@@ -62,10 +111,82 @@ def test_the_picture_has_scopes_memlets_and_details():
     assert graph.size(picture) == len(state["nodes"]) >= 5
 
 
+def test_the_picture_names_what_dace_mangled_and_keeps_its_labels():
+    sdfg = onnx_named_sdfg()
+    tasklet = next(n for n in sdfg.start_state.nodes() if isinstance(n, nodes.Tasklet))
+    picture = graph.describe(sdfg, metrics={tasklet.guid: {"flops": 32, "ms": 0.5}})
+    assert json.loads(json.dumps(picture)) == picture
+    assert (picture["name"], picture["raw"]) == ("Block", "Block_0123456789abcdef")
+    (state,) = picture["states"]
+    assert (state["label"], state["raw"]) == ("block", "block_pre_state_pre_state")
+    drawn = {(n["kind"], n["label"]): n for n in state["nodes"]}
+    # labels stay DaCe's (what `where` matches); names are the module's, and details start with DaCe's name
+    weight = drawn["access", "ln1DOTweight"]
+    assert weight["name"] == "ln1.weight" and next(iter(weight["info"].items())) == ("DaCe name", "ln1DOTweight")
+    assert drawn["access", "SLASHln1SLASHMul_output_0"]["name"] == "ln1 · Mul:0"
+    assert drawn["tasklet", "SLASHln1SLASHMul"]["name"] == "ln1 · Mul"
+    assert drawn["map_entry", "SLASHln1SLASHMul_map"]["name"] == "ln1 · Mul"
+    assert drawn["access", "x"]["name"] == "x" and "DaCe name" not in drawn["access", "x"]["info"]
+    assert {n["guid"] for n in state["nodes"]} == {n.guid for n in sdfg.start_state.nodes()}
+    assert drawn["tasklet", "SLASHln1SLASHMul"]["metrics"] == {"flops": 32, "ms": 0.5}
+    assert "metrics" not in weight
+    # memlets name arrays readably, and the bytes they move where their volume is a number
+    edges = {e["label"]: e for e in state["edges"]}
+    # (a memlet's volume counts every access: the map reads each weight 4 times)
+    assert edges["ln1.weight[0:8]"]["bytes"] == 4 * 8 * 4 and edges["ln1.weight[j]"]["bytes"] == 4
+    assert edges["x[0:4, 0:8]"]["bytes"] == 128 and edges["x[0:4, 0:8]"]["data"] == "x"
+    assert "removed" not in picture and not any("change" in n for n in state["nodes"])
+
+
+def test_a_step_s_changes_are_marked_against_the_sdfg_it_was_made_from():
+    naive = two_maps_sdfg()
+    fused = copy.deepcopy(naive)
+    assert fused.apply_transformations_repeated(MapFusion) == 1
+    picture = graph.describe(fused, before=naive)
+    drawn = {(n["kind"], n["label"]): n for n in graph.all_nodes(picture)}
+    # the surviving map holds both tasklets now; the other map and the array between them are gone
+    (entry,) = [n for n in graph.all_nodes(picture) if n["kind"] == graph.MAP_ENTRY]
+    assert entry["change"] == graph.CHANGED
+    removed = sorted((r["kind"], r["name"]) for r in picture["removed"])
+    assert [k for k, _ in removed] == [graph.ACCESS, graph.MAP_ENTRY] and removed[0][1] == "t"
+    maps = {n.map.label for n, _ in naive.all_nodes_recursive() if isinstance(n, nodes.MapEntry)}
+    assert removed[1][1] in maps - {entry["name"]}
+    assert all(r["state"] == picture["states"][0]["id"] for r in picture["removed"])
+    # what it added: the array that replaced t inside the map (map fusion names it after t)
+    assert [(n["kind"], n["name"]) for n in graph.all_nodes(picture) if n.get("change") == graph.ADDED] == [
+        (graph.ACCESS, "t (fused)")
+    ]
+    # a deepcopy gives access nodes new guids: x and y are matched by their array, and did not change
+    old_guids = {n.guid for n, _ in naive.all_nodes_recursive()}
+    for name in ("x", "y"):
+        assert drawn[graph.ACCESS, name]["guid"] not in old_guids and "change" not in drawn[graph.ACCESS, name]
+    assert all("change" not in n for n in graph.all_nodes(picture) if n["kind"] == graph.TASKLET)
+    assert all(n["guid"] in old_guids for n in graph.all_nodes(picture) if n["kind"] == graph.TASKLET)
+
+    merged = copy.deepcopy(fused)
+    assert merged.apply_transformations_repeated(TaskletFusion) == 2  # each op with its assignment
+    picture = graph.describe(merged, before=fused)
+    tasklets = [n for n in graph.all_nodes(picture) if n["kind"] == graph.TASKLET]
+    assert sorted(n["name"] for n in tasklets) == ["Add ∘ assign_45_8", "Mult ∘ assign_43_8"]
+    assert all(n["change"] == graph.ADDED and n["guid"] not in old_guids for n in tasklets)
+    assert sorted(r["name"] for r in picture["removed"] if r["kind"] == graph.TASKLET) == [
+        "Add", "Mult", "assign_43_8", "assign_45_8"
+    ]
+
+    edited = copy.deepcopy(merged)
+    code = next(n for n, _ in edited.all_nodes_recursive() if isinstance(n, nodes.Tasklet) and "2" in n.code.as_string)
+    code.code = dace.properties.CodeBlock(code.code.as_string.replace("2", "3"))
+    picture = graph.describe(edited, before=merged)
+    assert [n["change"] for n in graph.all_nodes(picture) if "change" in n] == [graph.CHANGED]
+    assert picture["removed"] == []
+    assert graph.describe(None, before=merged) is None
+
+
 def _payload_picture() -> dict:
     picture = graph.describe(scaled_sdfg())
     for node in picture["states"][0]["nodes"]:
         node["label"] = PAYLOAD + node["label"]
+        node["name"] = PAYLOAD + node["name"]
         node["info"] = {k: PAYLOAD for k in node["info"]}
     picture["name"] = PAYLOAD
     picture["states"][0]["label"] = PAYLOAD
@@ -77,13 +198,59 @@ def _payload_picture() -> dict:
 @pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz")
 def test_the_static_svg_draws_names_as_text():
     picture = _payload_picture()
+    picture["removed"] = [{"state": "s0", "name": PAYLOAD, "kind": graph.TASKLET}]
     svg = render.to_svg(picture)
     assert svg is not None and "<img" not in svg
     assert "&lt;img src=x onerror=alert(1)&gt;" in svg
     html = render.graph_img(picture)
     assert html.count("<img") == 1 and 'alt="&lt;img' in html
+    assert "removed: &lt;img src=x onerror=alert(1)&gt; (tasklet)" in html
     inner = base64.b64decode(re.search(r"base64,([^\"]+)", html).group(1)).decode()
     assert inner == svg
+
+
+def test_the_static_svg_draws_readable_names_and_outlines_what_a_step_changed():
+    before = two_maps_sdfg()
+    after = copy.deepcopy(before)
+    after.apply_transformations_repeated(MapFusion)
+    after.apply_transformations_repeated(TaskletFusion)
+    picture = graph.describe(after, before=before)
+    dot = render.to_dot(picture)
+    added = [n for n in graph.all_nodes(picture) if n.get("change") == graph.ADDED]
+    changed = [n for n in graph.all_nodes(picture) if n.get("change") == graph.CHANGED]
+    assert added and changed
+    for node in added:
+        assert re.search(rf'"{node["id"]}" \[label="{re.escape(node["name"])}"[^\n]*color="#2b8a3e" penwidth=3\]', dot)
+    for node in changed:
+        assert re.search(rf'"{node["id"]}" \[[^\n]*color="#f59f00" penwidth=3\]', dot)
+    assert dot.count("penwidth=3") == len(added) + len(changed)
+    line = render.changes_html(picture)
+    assert f"{len(added)} added" in line and f"{len(changed)} changed" in line
+    assert f"{len(picture['removed'])} removed: t (access), " in line
+    assert render.changes_html(graph.describe(after)) == ""
+    # names, not labels: an importer's mangled names read as the module's
+    dot = render.to_dot(graph.describe(onnx_named_sdfg()))
+    assert '"ln1.weight"' in dot and '"ln1 · Mul"' in dot and "SLASH" not in dot.replace("DaCe name", "")
+    assert 'label="block"' in dot
+
+
+def test_nested_sdfgs_are_drawn_in_place():
+    picture = graph.describe(nested_sdfg())
+    (nested,) = [n for s in picture["states"] for n in s["nodes"] if n["kind"] == graph.NESTED]
+    inner = nested["sdfg"]
+    assert any(n["kind"] == graph.NESTED for n in graph.all_nodes(inner))  # one more inside its map
+    dot = render.to_dot(picture)
+    # the nested SDFG's box holds its node and its states, whose nodes are drawn inside them
+    box = dot.index(f'subgraph "cluster_{nested["id"]}"')
+    assert box < dot.index(f'"{nested["id"]}" [label=') < dot.index(f'subgraph "cluster_{inner["states"][-1]["id"]}"')
+    assert all(f'"{node["id"]}" [label=' in dot[box:] for node in graph.all_nodes(inner))
+    # a large picture shows it collapsed, as it does map scopes
+    (state,) = [s for s in picture["states"] if any(n is nested for n in s["nodes"])]
+    copies = graph.COLLAPSE_ABOVE // len(state["nodes"]) + 1
+    big = dict(picture, states=[dict(state, id=f"c{i}") for i in range(copies)])
+    assert graph.size(big) > graph.COLLAPSE_ABOVE
+    dot = render.to_dot(big)
+    assert f'subgraph "cluster_{nested["id"]}"' not in dot and f"({graph.size(inner)} nodes inside)" in dot
 
 
 def test_large_pictures_collapse_outer_maps_in_the_static_svg():
@@ -176,8 +343,14 @@ class _Shown:
     def actions(self, where: list[str] | None = None) -> list:
         return []
 
+    def compiled_sdfgs(self, index: int | None = None) -> tuple[None, None]:
+        return None, None
 
-def test_the_text_the_static_html_and_the_widget_show_the_same_tables():
+    def previous_step(self, index: int | None = None) -> int | None:
+        return None
+
+
+def test_the_text_the_static_html_and_the_widget_show_the_same_tables(monkeypatch):
     timings = {n: Timing.of([ms, ms * 1.5]) for n, ms in (("dcnb", 2.0), ("torch", 3.0), ("torch_compile", 2.5))}
     naive = Step(0, "naive", {}, None, ok=True, check=Check(True, 3e-7, "output", {"output": 3e-7}),
                  intermediate_bytes=3 << 20, compile_seconds=1.25, timings=timings)
@@ -185,6 +358,7 @@ def test_the_text_the_static_html_and_the_widget_show_the_same_tables():
     fused = Step(2, "tasklet_fusion", {}, None, ok=True, intermediate_bytes=0, compile_seconds=0.0,
                  timings={"dcnb": Timing.of([1.0])})
     session = _Shown([naive, failed, fused])
+    monkeypatch.setattr(widget, "INSPECT_AT_ONCE", -1)  # no SDFGs here to read the code and the metrics of
     w = widget.SessionWidget(session)
     page = _Tables(w._repr_mimebundle_()["text/html"])
 

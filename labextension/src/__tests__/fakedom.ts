@@ -34,7 +34,11 @@ export class FakeElement extends FakeTarget {
   readonly style: Record<string, string> = {};
   className = '';
   textContent = '';
+  title = '';
   colSpan = 1;
+  // the size the layout gave it (0 until a test gives it one: a canvas not attached yet)
+  clientWidth = 0;
+  clientHeight = 0;
 
   constructor(readonly tagName: string) {
     super();
@@ -57,7 +61,11 @@ export class FakeElement extends FakeTarget {
   }
 
   setAttribute(name: string, value: string): void {
-    this.attributes.set(name, value);
+    if (name === 'class') {
+      this.className = value; // as the DOM's class attribute and className are one
+    } else {
+      this.attributes.set(name, value);
+    }
   }
 
   getAttribute(name: string): string | null {
@@ -78,13 +86,45 @@ export class FakeElement extends FakeTarget {
   }
 }
 
-// Installs `window` and `document` for the code under test; returns the window.
+// The ResizeObservers made, each with the elements it watches: a test resizes an element and tells them.
+export const observers: { callback: () => void; targets: FakeElement[] }[] = [];
+
+class FakeResizeObserver {
+  private readonly entry: { callback: () => void; targets: FakeElement[] };
+
+  constructor(callback: () => void) {
+    this.entry = { callback, targets: [] };
+    observers.push(this.entry);
+  }
+
+  observe(target: FakeElement): void {
+    this.entry.targets.push(target);
+  }
+
+  disconnect(): void {
+    this.entry.targets.splice(0);
+  }
+}
+
+// Give an element a size, as the browser does once it is attached, and tell whoever observes it.
+export function resize(target: FakeElement, width: number, height: number): void {
+  target.clientWidth = width;
+  target.clientHeight = height;
+  for (const o of observers) {
+    if (o.targets.includes(target)) {
+      o.callback();
+    }
+  }
+}
+
+// Installs `window`, `document` and `ResizeObserver` for the code under test; returns the window.
 export function installFakeDom(): FakeTarget {
   const window = new FakeTarget();
   const document = {
     createElement: (tag: string) => new FakeElement(tag),
-    createElementNS: (_ns: string, tag: string) => new FakeElement(tag)
+    createElementNS: (_ns: string, tag: string) => new FakeElement(tag),
+    createTextNode: (text: string) => Object.assign(new FakeElement('#text'), { textContent: text })
   };
-  Object.assign(globalThis, { window, document });
+  Object.assign(globalThis, { window, document, ResizeObserver: FakeResizeObserver });
   return window;
 }

@@ -2,41 +2,20 @@
 import { test } from 'node:test';
 import * as assert from 'node:assert/strict';
 
-import { countNodes, GraphData, layoutGraph, NodeData, scopeIds, StateData } from '../layout';
+import {
+  ancestors,
+  countNodes,
+  defaultCollapsed,
+  layoutGraph,
+  nodeText,
+  nodeTree,
+  scopeIds,
+  shownAs
+} from '../layout';
 import { chart } from '../chart';
-import { StepData } from '../format';
-
-function node(id: string, kind: NodeData['kind'], scope: string | null, label = id): NodeData {
-  return { id, kind, label, scope, info: kind.startsWith('map') ? { range: '0:4' } : {} };
-}
-
-// x -> [map m: x -> t -> y] -> y, with the map's body nested `depth` maps deep
-function mapState(prefix: string, depth: number): StateData {
-  const nodes: NodeData[] = [node(`${prefix}x`, 'access', null), node(`${prefix}y`, 'access', null)];
-  const edges: StateData['edges'] = [];
-  let outer: string | null = null;
-  let last = `${prefix}x`;
-  for (let d = 0; d < depth; d++) {
-    const entry = `${prefix}m${d}`;
-    nodes.push(node(entry, 'map_entry', outer), node(`${entry}x`, 'map_exit', entry));
-    edges.push({ src: last, dst: entry, label: `x[0:4]` });
-    last = entry;
-    outer = entry;
-  }
-  nodes.push(node(`${prefix}t`, 'tasklet', outer));
-  edges.push({ src: last, dst: `${prefix}t`, label: 'x[i]' });
-  last = `${prefix}t`;
-  for (let d = depth - 1; d >= 0; d--) {
-    edges.push({ src: last, dst: `${prefix}m${d}x`, label: 'y[i]' });
-    last = `${prefix}m${d}x`;
-  }
-  edges.push({ src: last, dst: `${prefix}y`, label: 'y[0:4]' });
-  return { id: `${prefix}s`, label: 'state', nodes, edges };
-}
-
-function graph(states: StateData[]): GraphData {
-  return { name: 'g', states, interstate: [] };
-}
+import { elapsed, percent, StepData } from '../format';
+import { heatColour, heatPosition, heatScale, HEAT_COLOURS, metricText } from '../overlay';
+import { fixture, graph, mapState, nestedPicture, node } from './pictures';
 
 const inside = (inner: { x: number; y: number; width: number; height: number }, outer: typeof inner) =>
   inner.x >= outer.x - 0.5 &&
@@ -90,6 +69,98 @@ test('a picture with thousands of nodes lays out, collapsed or not', () => {
   assert.equal(open.nodes.length, 1350);
   const shut = layoutGraph(big, new Set(scopeIds(big)));
   assert.equal(shut.nodes.length, 150 * 3);
+});
+
+test('a nested SDFG is laid out inside its box, its states below its header, between its neighbours', () => {
+  const layout = layoutGraph(nestedPicture(2), new Set());
+  const box = layout.scopes.find(s => s.id === 's0n1')!;
+  assert.equal(box.entry.kind, 'nested');
+  assert.equal(box.depth, 0);
+  const inner = layout.states.find(s => s.id === 's0n1.s')!;
+  assert.equal(inner.depth, 1);
+  assert.ok(inside(inner, box) && inner.y >= box.y + 20);
+  for (const n of layout.nodes.filter(n => n.id.startsWith('s0n1.'))) {
+    assert.ok(inside(n, inner), n.id);
+  }
+  // its map scopes are laid out as at the top level
+  assert.ok(inside(layout.scopes.find(s => s.id === 's0n1.m1')!, layout.scopes.find(s => s.id === 's0n1.m0')!));
+  const byId = new Map(layout.nodes.map(n => [n.id, n]));
+  assert.ok(byId.get('s0n0')!.y + 30 <= box.y && box.y + box.height <= byId.get('s0n2')!.y);
+  assert.ok(!layout.nodes.some(n => n.id === 's0n1'));
+  assert.ok(inside(box, layout.states.find(s => s.id === 's0')!));
+});
+
+test('a collapsed nested SDFG is one node that counts what it hides', () => {
+  const layout = layoutGraph(nestedPicture(2), new Set(['s0n1']));
+  assert.deepEqual(layout.nodes.map(n => n.id).sort(), ['s0n0', 's0n1', 's0n2']);
+  assert.equal(layout.nodes.find(n => n.id === 's0n1')!.hidden, 7);
+  assert.equal(layout.states.length, 1);
+  assert.equal(layout.scopes.length, 0);
+});
+
+test('the view draws readable names, falling back to the label', () => {
+  const map = { ...node('m', 'map_entry', null, 'outer_fused_map_3'), name: 'LayerNorm: mean' };
+  assert.equal(nodeText(map), 'LayerNorm: mean [0:4]');
+  assert.equal(nodeText(node('t', 'tasklet', null, '_Mult_')), '_Mult_');
+});
+
+test('the node tree knows what holds each node, through nested SDFGs', () => {
+  const picture = nestedPicture(2);
+  const tree = nodeTree(picture);
+  assert.deepEqual(ancestors(tree, 's0n1.t'), ['s0n1.m1', 's0n1.m0', 's0n1']);
+  assert.deepEqual(scopeIds(picture).sort(), ['s0n1', 's0n1.m0', 's0n1.m1']);
+  assert.equal(shownAs(tree, 's0n1.t', new Set(['s0n1.m1'])), 's0n1.m1');
+  assert.equal(shownAs(tree, 's0n1.t', new Set(['s0n1.m1', 's0n1'])), 's0n1');
+  assert.equal(shownAs(tree, 's0n1.t', new Set()), 's0n1.t');
+  assert.equal(tree.stateOf.get('s0n1.t')!.id, 's0n1.s');
+});
+
+test('a small picture opens expanded; a large one opens from the outside in, within its budget', () => {
+  assert.equal(defaultCollapsed(nestedPicture(2)).size, 0);
+  // the nested SDFG holds 9 nodes, its outer map 7: with room for 3 + 4 nodes only the nested SDFG opens
+  assert.deepEqual([...defaultCollapsed(nestedPicture(3, 7))].sort(), ['s0n1.m0', 's0n1.m1', 's0n1.m2']);
+  assert.deepEqual([...defaultCollapsed(nestedPicture(3, 9))].sort(), ['s0n1.m1', 's0n1.m2']);
+  // with no room for the nested SDFG's own nodes everything stays closed
+  assert.equal(defaultCollapsed(nestedPicture(3, 4)).size, 4);
+});
+
+test("after auto_optimize the prenorm block's work sits in nested SDFGs: they are drawn, inside their boxes", () => {
+  const { forward, backward } = fixture('prenorm_auto_optimize.json');
+  for (const picture of [forward, backward]) {
+    const layout = layoutGraph(picture, defaultCollapsed(picture));
+    const nested = layout.scopes.filter(s => s.entry.kind === 'nested');
+    assert.ok(nested.length >= 2);
+    // every node of the picture is drawn, inside the box of each nested SDFG around it
+    assert.equal(layout.nodes.length + nested.length, countNodes(picture));
+    const boxes = new Map(nested.map(s => [s.id, s]));
+    const tree = nodeTree(picture);
+    for (const n of layout.nodes) {
+      assert.ok(Number.isFinite(n.x) && Number.isFinite(n.y), n.id);
+      for (const a of ancestors(tree, n.id).filter(a => boxes.has(a))) {
+        assert.ok(inside(n, boxes.get(a)!), `${n.id} in ${a}`);
+      }
+    }
+    assert.ok(layout.width > 0 && layout.height > 0);
+  }
+});
+
+test('the overlay scale is logarithmic over the positive values', () => {
+  const heat = heatScale([10, undefined, 0, 1000, 100])!;
+  assert.deepEqual(heat, { min: 10, max: 1000 });
+  assert.ok(Math.abs(heatPosition(heat, 100) - 0.5) < 1e-12);
+  assert.equal(heatColour(heat, 10), 'rgb(255, 255, 178)');
+  assert.equal(heatColour(heat, 1000), 'rgb(189, 0, 38)');
+  assert.equal(HEAT_COLOURS.length, 5);
+  assert.equal(heatScale([0, undefined]), null);
+  assert.equal(heatPosition({ min: 5, max: 5 }, 5), 1);
+  assert.equal(metricText('bytes', 512), '512 B');
+  assert.equal(metricText('bytes', 3_145_728), '3.15 MB');
+  assert.equal(metricText('flops', 2.5e9), '2.50 GFLOP');
+  assert.equal(metricText('intensity', 0.25), '0.250 FLOP/byte');
+  assert.equal(metricText('ms', 1.5), '1.50 ms');
+  assert.equal(percent(0.125), '12.5%');
+  assert.equal(elapsed(0, 59_900), '59 s');
+  assert.equal(elapsed(1000, 125_000), '2 min 4 s');
 });
 
 const timing = (median: number) => ({ min: median, mean: median, median, stdev: 0, max: median, runs: 5 });

@@ -14,7 +14,8 @@ test('a graph view takes its window listeners away when it goes', () => {
   const view = new GraphView({ onSelect: () => undefined, layout: () => new Promise(() => undefined) });
   assert.equal(window.count(), before + 2);
   // a drag that leaves the canvas still pans: the window's listeners follow it
-  const [canvas] = (view.node as unknown as FakeElement).children;
+  const [row] = (view.node as unknown as FakeElement).children;
+  const [canvas] = row.children;
   const root = canvas.children[0];
   canvas.dispatch('mousedown', { clientX: 0, clientY: 0 });
   window.dispatch('mousemove', { clientX: 10, clientY: 5 });
