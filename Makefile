@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md); each sets up what it needs first.
-.PHONY: setup mish test zoo models ops
+.PHONY: setup mish test zoo models ops notebooks cuda
 
 setup:
 	@./scripts/setup.sh
@@ -21,3 +21,11 @@ models: setup
 # every op of the catalog (tests/ops.py), forward and backward (tests/compile/test_ops.py)
 ops: setup
 	.venv/bin/python -m pytest --ops tests/compile/test_ops.py
+
+# every notebook in notebooks/, run in a real kernel and opened in Chromium (tests/notebooks/test_notebooks.py)
+notebooks: setup
+	.venv/bin/python -m pytest --notebooks tests/notebooks
+
+# the CUDA builds of more graphs than make test's (tests/compile/test_cuda_build.py)
+cuda: setup
+	.venv/bin/python -m pytest --cuda tests/compile/test_cuda_build.py

@@ -65,8 +65,9 @@ def artifacts():
 
 
 #: markers whose tests run only with their option: the rest of the model zoo (--zoo), the Hugging Face models
-#: beyond the default one (--models), the op catalog beyond its representative set (--ops); each tens of minutes
-GATED = {"zoo": "--zoo", "models": "--models", "ops": "--ops"}
+#: beyond the default one (--models), the op catalog beyond its representative set (--ops), each tens of minutes;
+#: the notebooks beyond the tutorial and the lesson (--notebooks), the CUDA builds beyond Mish's (--cuda)
+GATED = {"zoo": "--zoo", "models": "--models", "ops": "--ops", "notebooks": "--notebooks", "cuda": "--cuda"}
 
 
 def pytest_addoption(parser):
@@ -76,10 +77,16 @@ def pytest_addoption(parser):
         help="also run every Hugging Face model in every mode (tests marked models; make models)",
     )
     parser.addoption("--ops", action="store_true", help="also run every op of the catalog (tests marked ops; make ops)")
+    parser.addoption(
+        "--notebooks", action="store_true", help="also run every notebook (tests marked notebooks; make notebooks)"
+    )
+    parser.addoption(
+        "--cuda", action="store_true", help="also build more graphs for CUDA (tests marked cuda; make cuda)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``zoo`` run only with --zoo, ``models`` only with --models, ``ops`` only with --ops."""
+    """Tests marked ``zoo`` run only with --zoo, ``models`` only with --models, and so on (GATED)."""
     skipped = [marker for marker, option in GATED.items() if not config.getoption(option)]
     gated = [item for item in items if any(item.get_closest_marker(marker) for marker in skipped)]
     if gated:

@@ -57,6 +57,7 @@ def test_the_fused_mish_builds_for_cuda_without_a_gpu():
         assert "__launch_bounds__(256)" in cuda
 
 
+@pytest.mark.cuda
 def test_library_nodes_become_kernels():
     # Softmax's forward is one ONNX node and no map: it ran as host loops over device pointers (a segfault)
     session = dcnb.optimize(nn.Softmax(dim=-1), torch.randn(4, 8, 64), baselines=(), time_budget=0.0)
@@ -66,6 +67,7 @@ def test_library_nodes_become_kernels():
         assert "cudaMalloc" in host and "cudaMalloc" not in _program_body(host)
 
 
+@pytest.mark.cuda
 def test_layer_norm_and_accumulated_gradients_build_for_cuda():
     # DaCe's CUDA code generation had no copy that adds into GPU memory (autodiff sums the MLP's gradients so),
     # and passed LayerNorm's scalar epsilon to a kernel by value where a pointer was needed

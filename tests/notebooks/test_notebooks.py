@@ -13,6 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 pytestmark = [pytest.mark.kernel, pytest.mark.compile]
+#: the notebooks make test runs: the tutorial (make mish's) and the lesson; the others with make notebooks
+DEFAULT = {"mish", "teaching_data_movement"}
 
 
 def test_the_notebooks_are_there():
@@ -20,7 +22,10 @@ def test_the_notebooks_are_there():
     assert {"mish", "softmax_layernorm", "transformer_layer", "teaching_data_movement", "models"} <= names
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, id=p.stem, marks=() if p.stem in DEFAULT else pytest.mark.notebooks) for p in NOTEBOOKS],
+)
 def test_the_notebook_runs_and_its_checks_hold(path, tmp_path, browser, artifacts):
     result = report.run(path, tmp_path, scale="small", timeout=900)
     assert result.ok, result.error
