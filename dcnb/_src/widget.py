@@ -246,15 +246,9 @@ class SessionWidget(ipywidgets.DOMWidget):
     def _names(self) -> dict[str, str]:
         """Node label -> the readable name the current pictures draw it with."""
         found: dict[str, str] = {}
-
-        def walk(picture: dict[str, Any] | None) -> None:
-            for state in (picture or {}).get("states", []):
-                for node in state["nodes"]:
-                    found.setdefault(node["label"], node.get("name", node["label"]))
-                    walk(node.get("sdfg"))
-
         for picture in self.graphs.values():
-            walk(picture)
+            for node in graph.all_nodes(picture) if picture is not None else ():
+                found.setdefault(node["label"], node.get("name", node["label"]))
         return found
 
     # --- requests from the view -----------------------------------------------------------------------------------
