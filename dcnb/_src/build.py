@@ -198,40 +198,52 @@ def compile_timeout() -> float:
 
 
 def _compile(todo: list[tuple[dace.SDFG, str, str]], device: str) -> None:
-    """Generate the SDFGs' code and compile them side by side, each in a process of its own, within the time
+    """Generate each SDFG's code and compile it, side by side, each in a process of its own, within the time
     limit; then mark each build finished with its libraries' checksums."""
     for s, k, _ in todo:
         shutil.rmtree(_folder(k, s), ignore_errors=True)  # what a stopped or corrupted build left is not built upon
-    folders = {k: _generate(s, k, device) for s, k, _ in todo}
     events.emit("build")
     limit = compile_timeout()
     deadline = time.monotonic() + limit
-    _precompile_header([(folders[k], args) for _, k, args in todo], deadline, limit)
-    _apart({s.name: (_compile_folder, folders[k], s.name, args) for s, k, args in todo}, deadline, limit)
+    # generated there too, on the process's own copy of the SDFG (code generation expands library nodes and settles
+    # schedules in what it gets); the SDFG generated first compiles while the other's code is still being generated
+    _apart({s.name: (_generate_and_compile, s, k, device, args) for s, k, args in todo}, deadline, limit)
     for s, k, _ in todo:
         binary = compiler.get_binary_name(_folder(k, s), s.name)
         cache.record(_folder(k, s), sorted(binary.parent.glob(f"lib*{binary.suffix}")))
 
 
-def _generate(sdfg: dace.SDFG, key: str, device: str):
-    """Generate code into the build folder (on this thread: code generation is not thread-safe).
+def _generate_and_compile(sdfg: dace.SDFG, key: str, device: str, args: str) -> None:
+    _entering("generating its code")
+    folder = _generate(sdfg, key, device)
+    _entering("building DaCe's precompiled header")
+    _precompile_header(folder, args)
+    _entering("compiling its code")
+    _compile_folder(folder, sdfg.name, args)
 
-    DaCe's code generation expands library nodes and settles schedules in the SDFG it is given: it gets a copy, so
-    that the SDFG shown and counted is the same whether its binary was built now or came from the cache."""
-    sdfg = copy.deepcopy(sdfg)
+
+def _generate(sdfg: dace.SDFG, key: str, device: str) -> str:
+    """Generate code into the build folder, in a forked process: what code generation changes in the SDFG stays
+    there, so the SDFG shown and counted is the same whether its binary was built now or came from the cache."""
     sdfg.fill_scope_connectors()
     try:
         objects = codegen.generate_code(sdfg, validate=True)
     except Exception as e:
         raise CompileError(f"DaCe could not generate code for {sdfg.name}: {first_line(e)}", log=str(e)) from e
-    if device == "cpu":
-        frame = next(o for o in objects if o.name == sdfg.name and o.title == "Frame")
-        frame.code += _entry(sdfg)
-    return compiler.generate_program_folder(sdfg, objects, str(_folder(key, sdfg)))
+    frame = next(o for o in objects if o.name == sdfg.name and o.title == "Frame")
+    frame.code += _entry(sdfg)
+    # DaCe writes a gzip of the SDFG's JSON beside the code (program.sdfgz: 14 of a ResNet-18 naive step's
+    # 104 s), which dcnb never reads (it loads binaries with the SDFG in hand); without the SDFG it writes all else
+    # but the header the code includes for the SDFG's hash, which gets the build's key (a hash of the SDFG and more)
+    folder = compiler.generate_program_folder(None, objects, str(_folder(key, sdfg)))
+    header = pathlib.Path(folder) / "include" / "hash.h"
+    header.parent.mkdir(exist_ok=True)
+    header.write_text(f'#define __HASH_{sdfg.name} "{key}"\n')
+    return folder
 
 
-#: in every CPU build's key: a change to ``_entry``'s code must not reuse binaries built without it
-ENTRY_VERSION = "1"
+#: in every build's key: a change to ``_entry``'s code must not reuse binaries built without it (2: CUDA builds too)
+ENTRY_VERSION = "2"
 
 
 def entry_name(sdfg: dace.SDFG) -> str:
@@ -257,19 +269,13 @@ def _entry(sdfg: dace.SDFG) -> str:
     )
 
 
-def _precompile_header(builds, deadline: float, limit: float) -> None:
-    """Build DaCe's precompiled runtime header once per set of flags, before the compiles start side by side (each
-    would build it otherwise), in a process of its own as they are: a compiler that hangs hangs here first.
-
-    DaCe stages the header under a name made of the process id: the compiles, in processes of their own, cannot
-    write the same staging file (two threads of one process did, and left a header that crashed cc1plus)."""
-    for targets, args in {(_targets(folder), args) for folder, args in builds}:
-        _apart({"DaCe's precompiled header": (_prepare_header, dict(targets), args)}, deadline, limit)
-
-
-def _prepare_header(targets: dict, args: str) -> None:
-    with _cpu_args(args):
-        compiler.prepare_precompiled_header(targets)
+def _precompile_header(folder: str, args: str) -> None:
+    """Build DaCe's precompiled runtime header for the folder's targets and flags unless it is built already: one
+    process at a time (another building the SDFG beside this one waits, then finds it built). DaCe stages the
+    header under a name made of the process id: two threads of one process once wrote the same staging file and
+    left a header that crashed cc1plus."""
+    with cache.locked([cache.root() / "precompiled-header"]), _cpu_args(args):
+        compiler.prepare_precompiled_header(dict(_targets(folder)))
 
 
 def _targets(folder) -> frozenset:
@@ -315,8 +321,9 @@ def _apart(jobs: dict[str, tuple], deadline: float, limit: float) -> dict[str, o
                 pending.discard(name)
                 results[name] = children[name].result()
             if pending and time.monotonic() > deadline:
+                late = [f"{n} ({children[n].stage()})" if children[n].stage() else n for n in sorted(pending)]
                 raise CompileError(
-                    f"compiling {', '.join(sorted(pending))} timed out after {limit:g} s and was stopped; "
+                    f"compiling {', '.join(late)} timed out after {limit:g} s and was stopped; "
                     "DCNB_COMPILE_TIMEOUT sets the limit in seconds"
                 )
             if pending:
@@ -354,11 +361,12 @@ class _Child:
     def __init__(self, fn: Callable, *args):
         # a file, not a pipe: a long compiler log cannot block the child (closed in reap)
         self._outcome = tempfile.TemporaryFile()  # noqa: SIM115
+        self._stage = tempfile.TemporaryFile()  # noqa: SIM115
         self.status: int | None = None
         parent = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:
-            _child(parent, self._outcome, fn, args)
+            _child(parent, self._outcome, self._stage, fn, args)
         with contextlib.suppress(OSError):
             os.setpgid(self.pid, self.pid)  # here too, as shells do: a kill right after the fork finds the group
 
@@ -380,6 +388,11 @@ class _Child:
             raise value
         return value
 
+    def stage(self) -> str:
+        """What the process said it was doing last (``_entering``), empty if nothing."""
+        self._stage.seek(0)
+        return self._stage.read().decode()
+
     def kill(self) -> None:
         if self.status is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -389,6 +402,7 @@ class _Child:
         if self.status is None:
             _, self.status = os.waitpid(self.pid, 0)
         self._outcome.close()
+        self._stage.close()
 
 
 def _die_with_parent(parent: int) -> None:
@@ -401,9 +415,23 @@ def _die_with_parent(parent: int) -> None:
             os.killpg(0, signal.SIGKILL)
 
 
-def _child(parent: int, outcome, fn: Callable, args: tuple) -> NoReturn:
+#: in a forked process: the file in which ``_entering`` says what it is doing (its parent names it if it is late)
+_stage_file = None
+
+
+def _entering(stage: str) -> None:
+    if _stage_file is not None:
+        _stage_file.seek(0)
+        _stage_file.truncate()
+        _stage_file.write(stage.encode())
+        _stage_file.flush()
+
+
+def _child(parent: int, outcome, stage, fn: Callable, args: tuple) -> NoReturn:
     """The forked process: run ``fn``, write ``("ok", result)`` or ``("error", exception)`` and exit, never
     returning into the caller's code."""
+    global _stage_file
+    _stage_file = stage
     try:
         os.setpgid(0, 0)
         _die_with_parent(parent)

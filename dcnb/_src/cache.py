@@ -64,7 +64,7 @@ def _fixes_digest() -> str:
     """The expansions dcnb registers with DaCe decide the code of library nodes at code generation, after the SDFG
     was hashed: a change to them must not reuse a binary built with the old ones."""
     digest = hashlib.sha256()
-    for module in fixes.FAMILIES + (fixes.cpp, fixes.registry):
+    for module in fixes.FAMILIES + (fixes.cpp, fixes.programs, fixes.registry):
         digest.update(pathlib.Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 

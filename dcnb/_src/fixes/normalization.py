@@ -8,9 +8,9 @@ import math
 import dace
 import numpy as np
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
-from dace.libraries.onnx.op_implementations.utils import program_for_node
 from dace.sdfg.utils import in_desc_with_name
 
+from .programs import parsed
 from .registry import pure_expansion
 
 
@@ -63,7 +63,7 @@ class BatchNormalizationExpansion(ONNXForward):
             def prog(X, scale, B, Y):
                 normalize(X, scale, B, Y)
 
-        return program_for_node(prog, sdfg, state, node, extra_vars={"normalize": dace.program(normalize)})
+        return parsed(prog, sdfg, state, node, normalize=dace.program(normalize))
 
 
 def _batch_normalization_eval(node, state, sdfg) -> dace.SDFG:
@@ -79,7 +79,7 @@ def _batch_normalization_eval(node, state, sdfg) -> dace.SDFG:
             B, per_channel
         )
 
-    return program_for_node(prog, sdfg, state, node)
+    return parsed(prog, sdfg, state, node)
 
 
 @pure_expansion("InstanceNormalization")
@@ -106,4 +106,4 @@ class InstanceNormalizationExpansion(ONNXForward):
             inv_std = dace.elementwise(lambda v: one / sqrt(v + eps), var)
             output[:] = centered * inv_std * np.reshape(scale, per_channel) + np.reshape(B, per_channel)
 
-        return program_for_node(prog, sdfg, state, node)
+        return parsed(prog, sdfg, state, node)

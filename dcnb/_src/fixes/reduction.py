@@ -17,7 +17,6 @@ from dace import data as dt
 from dace.autodiff.base_abc import BackwardImplementation
 from dace.autodiff.utils import add_empty_sdfg_for_node
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
-from dace.libraries.onnx.op_implementations.utils import program_for_node
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.onnx import constant_folding
@@ -25,6 +24,7 @@ from dace.transformation.onnx.replacement import onnx_constant_or_none
 
 from .cpp import at, cpp_backward, cpp_expansion, forward_in, forward_out, loops, offset
 from .elementwise import ZeroBackward
+from .programs import parsed
 from .registry import default_backward, pure_expansion
 
 
@@ -72,7 +72,7 @@ def _projected(index: list[str], axes: tuple[int, ...], keepdims: bool) -> list[
 
 
 # The forward of each op over (axes, keepdims, scalar type, count of elements reduced into each output): a program
-# for program_for_node. Constants are of the data's type: a Python float would make the arithmetic double.
+# for programs.parsed. Constants are of the data's type: a Python float would make the arithmetic double.
 def _sum(axes, keep, t, count):
     def prog(data, reduced):
         reduced[:] = np.add.reduce(data, axis=axes, keepdims=keep)
@@ -163,7 +163,7 @@ def _reduction_expansion(op: str) -> type[ONNXForward]:
 
             else:
                 prog = FORWARD[op](axes, bool(node.keepdims), x.dtype.type, _count(x.shape, axes))
-            return program_for_node(prog, sdfg, state, node)
+            return parsed(prog, sdfg, state, node)
 
     Expansion.__name__ = f"{op}Expansion"
     return Expansion

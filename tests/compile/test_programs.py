@@ -1,0 +1,30 @@
+"""Expansions written as DaCe programs are parsed once per signature (dcnb/_src/fixes/programs.py)."""
+
+import pytest
+import torch
+from torch import nn
+
+import dcnb
+from dcnb._src import events
+
+pytestmark = pytest.mark.compile
+
+
+def _block(eps: float) -> nn.Module:
+    block = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU(), nn.BatchNorm2d(4), nn.BatchNorm2d(4, eps=eps)).eval()
+    with torch.no_grad():
+        for bn in block[0], block[2], block[3]:
+            bn.running_mean.normal_(0.0, 0.3)
+            bn.running_var.uniform_(0.5, 1.5)
+            bn.weight.normal_(1.0, 0.2)
+    return block
+
+
+def test_alike_normalizations_parse_once_and_unlike_ones_apart():
+    torch.manual_seed(0)
+    # the third normalization differs in its epsilon only: a copy of the first's program would compute it wrong,
+    # which the step's check against PyTorch would catch
+    with events.count() as counted:
+        session = dcnb.optimize(_block(eps=0.5), torch.randn(3, 4, 5, 7), baselines=(), time_budget=0.01)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    assert counted["parse"] == 2
