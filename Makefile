@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md); each sets up what it needs first.
-.PHONY: setup mish test zoo models ops notebooks cuda
+.PHONY: setup mish test zoo models ops notebooks cuda gpu
 
 setup:
 	@./scripts/setup.sh
@@ -26,6 +26,18 @@ ops: setup
 notebooks: setup
 	.venv/bin/python -m pytest --notebooks tests/notebooks
 
-# the CUDA builds of more graphs than make test's (tests/compile/test_cuda_build.py)
+# the CUDA builds of more graphs than make test's, and of the GPU row recipe (tests/compile/test_cuda_build.py,
+# tests/compile/test_rows_cuda.py)
 cuda: setup
-	.venv/bin/python -m pytest --cuda tests/compile/test_cuda_build.py
+	.venv/bin/python -m pytest --cuda tests/compile/test_cuda_build.py tests/compile/test_rows_cuda.py
+
+# on a machine with a GPU and a CUDA build of PyTorch, which setup's CPU wheel is not (`make gpu PYTHON=python3`
+# takes another interpreter): the CUDA call path, its graphs and the zoo on CUDA (tests/gpu), then the Mish and norm
+# benchmarks on CUDA, a JSON line each (benchmarks/NOTES.md, GPU section)
+gpu: PYTHON ?= .venv/bin/python
+gpu:
+	$(PYTHON) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu needs a GPU and a CUDA PyTorch')"
+	$(PYTHON) -m pytest --gpu tests/gpu
+	DCNB_NATIVE_CUDA=1 $(PYTHON) benchmarks/mish.py --device cuda --json
+	$(PYTHON) benchmarks/mish.py --device cuda --json
+	DCNB_NATIVE_CUDA=1 $(PYTHON) benchmarks/norms.py --device cuda --json

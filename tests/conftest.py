@@ -66,8 +66,11 @@ def artifacts():
 
 #: markers whose tests run only with their option: the rest of the model zoo (--zoo), the Hugging Face models
 #: beyond the default one (--models), the op catalog beyond its representative set (--ops), each tens of minutes;
-#: the notebooks beyond the tutorial and the lesson (--notebooks), the CUDA builds beyond Mish's (--cuda)
-GATED = {"zoo": "--zoo", "models": "--models", "ops": "--ops", "notebooks": "--notebooks", "cuda": "--cuda"}
+#: the notebooks beyond the tutorial and the lesson (--notebooks), the CUDA builds beyond Mish's (--cuda); what
+#: runs on a GPU (--gpu; make gpu)
+GATED = {
+    "zoo": "--zoo", "models": "--models", "ops": "--ops", "notebooks": "--notebooks", "cuda": "--cuda", "gpu": "--gpu"
+}
 
 
 def pytest_addoption(parser):
@@ -82,6 +85,9 @@ def pytest_addoption(parser):
     )
     parser.addoption(
         "--cuda", action="store_true", help="also build more graphs for CUDA (tests marked cuda; make cuda)"
+    )
+    parser.addoption(
+        "--gpu", action="store_true", help="also run what needs a GPU and a CUDA PyTorch (tests marked gpu; make gpu)"
     )
 
 

@@ -66,7 +66,9 @@ class Runner:
             self._bwd_constants = _constants(imported, bwd, self.device)
             # what the forward keeps for the backward (not the running statistics it updates, say)
             self.saved_names = [n for n in program.forwarded if n not in self._bwd_constants]
-        self._native = native.extension() if self.device.type == "cpu" and native.calls() else None
+        # DaCe's CUDA binaries select device 0 (the process's first visible GPU): tensors elsewhere go through Python
+        on_gpu = self.device.type == "cuda" and self.device.index in (None, 0) and native.calls_cuda()
+        self._native = native.extension() if (self.device.type == "cpu" and native.calls()) or on_gpu else None
         self._plan = None if self._native is None else self._make_plan()
 
     def call(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
@@ -174,7 +176,13 @@ class Runner:
             [_one_element(v) for v in self._constants.values()],
             [_one_element(v) for v in self._bwd_constants.values()],
             (fwd, bwd),
+            str(self.device),
+            *(self._cuda_launch(b) for b in (fwd, bwd)),
         )
+
+    def _cuda_launch(self, binary: CompiledSDFG | None) -> tuple[int, bool]:
+        """How native.cpp calls a binary on the GPU (native.cuda_launch); nothing to say for the CPU's."""
+        return native.cuda_launch(binary) if binary is not None and self.device.type == "cuda" else (0, False)
 
     def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self.device.type == "cpu":

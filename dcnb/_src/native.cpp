@@ -6,16 +6,29 @@
 // module's Python forward and the kernels is C++, and the backward has no Python at all.
 //
 // A Plan says, for each argument of each binary in its C signature's order, where it comes from (slots).
+//
+// CUDA tensors take the same path: device pointers go to the binaries, outputs are allocated on the tensors'
+// device by PyTorch's caching allocator, and the work is ordered on PyTorch's current stream. Building this needs
+// no CUDA header, library or nvcc: the current stream and events come through c10's device guard interface
+// (libc10, in CPU-only wheels too; a CUDA PyTorch registers its CUDA implementation), and the few graph functions
+// from the CUDA driver (libcuda), opened when a first graph is captured: the driver is the same library whatever
+// CUDA runtime PyTorch and DaCe's binaries were built against. So one extension serves every machine.
 
 #include <torch/extension.h>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
+#include <functional>
+#include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -92,19 +105,233 @@ Pool& pool() {
   return instance;
 }
 
+// ---- the CUDA driver's graph functions (cuda.h's declarations, the types made opaque) ----
+
+namespace cu {
+
+using Result = int;  // CUresult: 0 is success
+using Stream = void*;
+using Graph = void*;
+using GraphExec = void*;
+using Context = void*;
+constexpr int kCaptureThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' work goes on as usual
+constexpr unsigned kNonBlocking = 1;    // CU_STREAM_NON_BLOCKING
+
+struct Driver {
+  Result (*init)(unsigned) = nullptr;
+  Result (*device_get)(int*, int) = nullptr;
+  Result (*primary_context)(Context*, int) = nullptr;
+  Result (*current_context)(Context*) = nullptr;
+  Result (*set_current_context)(Context) = nullptr;
+  Result (*stream_create)(Stream*, unsigned) = nullptr;
+  Result (*begin_capture)(Stream, int) = nullptr;
+  Result (*end_capture)(Stream, Graph*) = nullptr;
+  Result (*instantiate)(GraphExec*, Graph, unsigned long long) = nullptr;
+  Result (*launch)(GraphExec, Stream) = nullptr;
+  Result (*destroy_graph)(Graph) = nullptr;
+  Result (*destroy_exec)(GraphExec) = nullptr;
+  Result (*error_name)(Result, const char**) = nullptr;
+  std::string error;  // why it cannot be used; empty where it can
+
+  std::string describe(Result result) const {
+    const char* name = nullptr;
+    return error_name != nullptr && error_name(result, &name) == 0 && name != nullptr ? name
+                                                                                     : "CUDA error " + std::to_string(result);
+  }
+
+  // the device's primary context, which PyTorch's runtime calls use, current on this thread (an autograd thread
+  // that has made no runtime call yet may have none)
+  Result enter(int device) const {
+    Context context = nullptr;
+    if (Result r = current_context(&context); r != 0 || context != nullptr) return r;
+    int handle = 0;
+    if (Result r = device_get(&handle, device); r != 0) return r;
+    if (Result r = primary_context(&context, handle); r != 0) return r;
+    return set_current_context(context);
+  }
+};
+
+template <class F>
+void bind(void* library, const char* name, F& function, std::string& error) {
+  function = reinterpret_cast<F>(dlsym(library, name));
+  if (function == nullptr && error.empty()) error = std::string("the CUDA driver has no ") + name;
+}
+
+const Driver& driver() {
+  static const Driver loaded = [] {
+    Driver d;
+    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* why = dlerror();
+      d.error = why != nullptr ? why : "libcuda.so.1 could not be opened";
+      return d;
+    }
+    // the versioned names are those cuda.h's macros choose (cuStreamBeginCapture is cuStreamBeginCapture_v2)
+    bind(library, "cuInit", d.init, d.error);
+    bind(library, "cuDeviceGet", d.device_get, d.error);
+    bind(library, "cuDevicePrimaryCtxRetain", d.primary_context, d.error);
+    bind(library, "cuCtxGetCurrent", d.current_context, d.error);
+    bind(library, "cuCtxSetCurrent", d.set_current_context, d.error);
+    bind(library, "cuStreamCreate", d.stream_create, d.error);
+    bind(library, "cuStreamBeginCapture_v2", d.begin_capture, d.error);
+    bind(library, "cuStreamEndCapture", d.end_capture, d.error);
+    bind(library, "cuGraphInstantiateWithFlags", d.instantiate, d.error);
+    bind(library, "cuGraphLaunch", d.launch, d.error);
+    bind(library, "cuGraphDestroy", d.destroy_graph, d.error);
+    bind(library, "cuGraphExecDestroy", d.destroy_exec, d.error);
+    bind(library, "cuGetErrorName", d.error_name, d.error);
+    if (d.error.empty()) {
+      if (Result r = d.init(0); r != 0) d.error = "cuInit: " + d.describe(r);
+    }
+    return d;
+  }();
+  return loaded;
+}
+
+}  // namespace cu
+
+// ---- CUDA graphs: a binary's call captured once, then replayed with one launch ----
+
+// one graph per set of argument addresses: a graph replays its kernels with the pointers it was captured with, and
+// PyTorch's caching allocator hands out the same addresses call after call in a loop of the same shapes
+constexpr size_t kGraphs = 8;
+
+class CudaGraphs {
+ public:
+  explicit CudaGraphs(int device) : device_(device) {}
+
+  CudaGraphs(const CudaGraphs&) = delete;
+  CudaGraphs& operator=(const CudaGraphs&) = delete;
+
+  ~CudaGraphs() {
+    // at the interpreter's exit the driver may have shut down already: an error then is no leak worth reporting
+    for (const auto& entry : execs_) cu::driver().destroy_exec(entry.second);
+  }
+
+  // runs the call through a graph on `stream`: false where it cannot (and then nothing ran)
+  bool launch(const std::vector<void*>& args, cu::Stream stream, const std::function<void(cu::Stream)>& run) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_.empty()) return false;
+    const cu::Driver& d = cu::driver();
+    if (!d.error.empty()) return fail(d.error);
+    if (cu::Result r = d.enter(device_); r != 0) return fail("no CUDA context: " + d.describe(r));
+    auto hit = std::find_if(execs_.begin(), execs_.end(), [&](const auto& entry) { return entry.first == args; });
+    if (hit != execs_.end()) {
+      execs_.splice(execs_.begin(), execs_, hit);
+    } else {
+      cu::GraphExec exec = capture(d, run);
+      if (exec == nullptr) return false;
+      execs_.emplace_front(args, exec);
+      ++captured_;
+      if (execs_.size() > kGraphs) {
+        d.destroy_exec(execs_.back().second);
+        execs_.pop_back();
+      }
+    }
+    if (cu::Result r = d.launch(execs_.front().second, stream); r != 0) return fail("cuGraphLaunch: " + d.describe(r));
+    return true;
+  }
+
+  int64_t captured() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return captured_;
+  }
+
+  std::string error() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
+
+ private:
+  // the call's launches recorded, not run, on a stream of our own (the legacy default stream, PyTorch's usual
+  // one, cannot be captured); the graph is then launched on PyTorch's current stream, after its work
+  cu::GraphExec capture(const cu::Driver& d, const std::function<void(cu::Stream)>& run) {
+    if (stream_ == nullptr) {
+      if (cu::Result r = d.stream_create(&stream_, cu::kNonBlocking); r != 0) {
+        fail("cuStreamCreate: " + d.describe(r));
+        return nullptr;
+      }
+    }
+    if (cu::Result r = d.begin_capture(stream_, cu::kCaptureThreadLocal); r != 0) {
+      fail("cuStreamBeginCapture: " + d.describe(r));
+      return nullptr;
+    }
+    run(stream_);
+    cu::Graph graph = nullptr;
+    cu::GraphExec exec = nullptr;
+    cu::Result r = d.end_capture(stream_, &graph);
+    if (r == 0) r = d.instantiate(&exec, graph, 0);
+    if (graph != nullptr) d.destroy_graph(graph);
+    if (r != 0) {
+      fail("capturing a call: " + d.describe(r));
+      return nullptr;
+    }
+    return exec;
+  }
+
+  bool fail(const std::string& reason) {
+    error_ = reason;
+    TORCH_WARN("dcnb calls this binary without CUDA graphs from now on: ", reason);
+    return false;
+  }
+
+  std::mutex mutex_;
+  const int device_;
+  // the capture stream, made at the first capture and never destroyed: a plan may end after the driver (at exit)
+  cu::Stream stream_ = nullptr;
+  std::list<std::pair<std::vector<void*>, cu::GraphExec>> execs_;  // most recently used first
+  int64_t captured_ = 0;
+  std::string error_;  // why graphs are off for this binary; empty while they are on
+};
+
 // ---- calling a binary: through the entry build.py adds to its code, `__dcnb_call_<name>(state, args)` ----
+
+using CudaInterface = c10::impl::DeviceGuardImplInterface;
+
+// `from`'s work so far happens before what is issued on `to` from now on
+void order(const CudaInterface& cuda, const c10::Stream& from, const c10::Stream& to) {
+  void* event = nullptr;
+  cuda.record(&event, from, from.device_index(), c10::EventFlag::PYTORCH_DEFAULT);
+  cuda.block(event, to);
+  cuda.destroyEvent(event, from.device_index());  // CUDA frees it once recorded: the wait stands
+}
 
 struct Binary {
   using Entry = void (*)(void* state, void* const* args);
+  using SetStreams = void (*)(void* state, void* stream);
   Entry entry = nullptr;
   void* state = nullptr;
+  // (CUDA) its `__dace_gpu_set_all_streams`, where its kernels launch on the streams it is given; null where they
+  // launch on the legacy default stream (builds with DaCe's max_concurrent_streams = -1)
+  SetStreams set_streams = nullptr;
+  std::shared_ptr<CudaGraphs> graphs;  // (CUDA) where its calls are replayed from graphs
 
   // a scalar's slot holds a one-element tensor: the entry reads the value behind the pointer
-  void operator()(const std::vector<at::Tensor>& args) const {
+  void operator()(const std::vector<at::Tensor>& args, const c10::Device& device) const {
     std::vector<void*> pointers;
     pointers.reserve(args.size());
     for (const auto& a : args) pointers.push_back(a.data_ptr());
-    entry(state, pointers.data());
+    if (!device.is_cuda()) return entry(state, pointers.data());
+    const CudaInterface& cuda = *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    const c10::Stream current = cuda.getStream(device);
+    if (set_streams == nullptr) {
+      // PyTorch's default stream is the legacy one: in order already. A side stream is created non-blocking:
+      // the call waits for its work, and its later work for the call.
+      const c10::Stream legacy = cuda.getDefaultStream(device);
+      const bool aside = current != legacy;
+      if (aside) order(cuda, current, legacy);
+      entry(state, pointers.data());
+      if (aside) order(cuda, legacy, current);
+      return;
+    }
+    auto run = [&](cu::Stream stream) {
+      set_streams(state, stream);
+      entry(state, pointers.data());
+    };
+    // while PyTorch captures its own graph (torch.cuda.graph), the call goes into that graph as it is
+    if (graphs != nullptr && !cuda.isStreamCapturing(current) && graphs->launch(pointers, current.native_handle(), run))
+      return;
+    run(current.native_handle());
   }
 };
 
@@ -134,8 +361,12 @@ struct Plan : torch::CustomClassHolder {
   std::vector<int64_t> saved;              // what the forward saves: indices into inputs ++ outputs ++ stored
   std::vector<at::Tensor> forward_constants, backward_constants;
   py::object binaries;  // the CompiledSDFGs: their code must outlive every graph that calls it
+  c10::Device device = c10::kCPU;  // of the call's tensors, and so of the binaries' arguments
 
   ~Plan() override {
+    // CUDA graphs hold the binaries' kernels: destroyed before the libraries may be unloaded
+    forward.graphs.reset();
+    backward.graphs.reset();
     if (Py_IsInitialized() && !_Py_IsFinalizing()) {
       py::gil_scoped_acquire gil;
       binaries = py::object();
@@ -152,7 +383,12 @@ struct Plan : torch::CustomClassHolder {
     return reinterpret_cast<uintptr_t>(c.data_ptr()) % 64 == 0 ? c : c.clone();
   }
 
-  static at::Tensor make(const Spec& spec, bool zero = false) {
+  // the pool is for host memory (memory.py); on a GPU, PyTorch's caching allocator reuses buffers already
+  at::Tensor make(const Spec& spec, bool zero = false) const {
+    if (device.is_cuda()) {
+      auto options = at::TensorOptions().dtype(spec.second).device(device);
+      return zero ? at::zeros(spec.first, options) : at::empty(spec.first, options);
+    }
     return zero ? pool().zeros(spec.first, spec.second) : pool().empty(spec.first, spec.second);
   }
 
@@ -175,7 +411,7 @@ struct Plan : torch::CustomClassHolder {
         default: args.push_back(forward_constants[i]);
       }
     }
-    forward(args);
+    forward(args, device);
     return made;
   }
 };
@@ -211,7 +447,7 @@ struct Apply : torch::autograd::Function<Apply> {
     auto saved = ctx->get_saved_variables();
     std::vector<at::Tensor> grads(plan.grads.size());
     for (size_t i = 0; i < grads.size(); ++i)
-      if (plan.grads[i]) grads[i] = Plan::make(*plan.grads[i], plan.accumulated[i]);
+      if (plan.grads[i]) grads[i] = plan.make(*plan.grads[i], plan.accumulated[i]);
     std::vector<at::Tensor> args;
     args.reserve(plan.backward_slots.size());
     for (const auto& [kind, i] : plan.backward_slots) {
@@ -220,14 +456,14 @@ struct Apply : torch::autograd::Function<Apply> {
         case kOutputGrad: {
           const auto& spec = plan.outputs[i];
           const auto& g = grad_outputs[i];
-          args.push_back(g.defined() ? Plan::ready(g.reshape(spec.first)) : Plan::make(spec, true));
+          args.push_back(g.defined() ? Plan::ready(g.reshape(spec.first)) : plan.make(spec, true));
           break;
         }
         case kGrad: args.push_back(grads[i]); break;
         default: args.push_back(plan.backward_constants[i]);
       }
     }
-    plan.backward(args);
+    plan.backward(args, plan.device);
     variable_list result{at::Tensor()};  // the plan's
     for (size_t i = 0; i < grads.size(); ++i) {
       const auto& g = grads[i];
@@ -255,10 +491,22 @@ c10::intrusive_ptr<Plan> make_plan(int64_t forward_entry, int64_t forward_state,
                                    std::vector<Spec> outputs, std::vector<Spec> stored, std::vector<Spec> updates,
                                    std::vector<std::optional<Spec>> grads, std::vector<bool> accumulated,
                                    std::vector<int64_t> saved, std::vector<at::Tensor> forward_constants,
-                                   std::vector<at::Tensor> backward_constants, py::object binaries) {
+                                   std::vector<at::Tensor> backward_constants, py::object binaries,
+                                   const std::string& device, std::pair<int64_t, bool> forward_cuda,
+                                   std::pair<int64_t, bool> backward_cuda) {
   auto plan = c10::make_intrusive<Plan>();
-  plan->forward = {reinterpret_cast<Binary::Entry>(forward_entry), reinterpret_cast<void*>(forward_state)};
-  plan->backward = {reinterpret_cast<Binary::Entry>(backward_entry), reinterpret_cast<void*>(backward_state)};
+  plan->device = c10::Device(device);
+  if (plan->device.is_cuda() && !plan->device.has_index()) plan->device.set_index(0);  // DaCe's binaries select 0
+  // (CUDA) per binary: the address of its __dace_gpu_set_all_streams (0: it launches on the legacy default
+  // stream), and whether its calls are replayed from CUDA graphs
+  auto binary = [&](int64_t entry, int64_t state, std::pair<int64_t, bool> cuda) {
+    Binary b{reinterpret_cast<Binary::Entry>(entry), reinterpret_cast<void*>(state),
+             reinterpret_cast<Binary::SetStreams>(cuda.first), nullptr};
+    if (cuda.second) b.graphs = std::make_shared<CudaGraphs>(plan->device.index());
+    return b;
+  };
+  plan->forward = binary(forward_entry, forward_state, forward_cuda);
+  plan->backward = binary(backward_entry, backward_state, backward_cuda);
   plan->forward_slots = std::move(forward_slots);
   plan->backward_slots = std::move(backward_slots);
   plan->outputs = std::move(outputs);
@@ -286,4 +534,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pooled", [] { return d::pool().buffers(); });
   m.def("configure_pool", [](int64_t per_shape, bool huge_pages) { d::pool().configure(per_shape, huge_pages); });
   m.def("pool_limits", [] { return d::pool().limits(); });
+  // why the CUDA driver's graph functions cannot be used here; empty where they can
+  m.def("cuda_driver", [] { return d::cu::driver().error; });
+  // per binary of a plan (forward, backward): the CUDA graphs it captured, and why graphs are off ("" if they are not)
+  m.def("graphs", [](const c10::intrusive_ptr<d::Plan>& plan) {
+    std::vector<std::pair<int64_t, std::string>> result;
+    for (const auto* b : {&plan->forward, &plan->backward})
+      result.emplace_back(b->graphs ? b->graphs->captured() : 0, b->graphs ? b->graphs->error() : "");
+    return result;
+  });
 }

@@ -5,22 +5,32 @@ session's first step compiles, with PyTorch's own extension builder (into its fo
 Where it cannot be built (no Python headers, say) dcnb warns once and calls its binaries from Python: the same
 results, with more overhead per call, and no buffer pool. ``DCNB_NATIVE=0`` chooses the Python calls (to compare
 the two paths), the pool staying.
+
+The same extension calls CUDA binaries (native.cpp says how it builds without CUDA): on PyTorch's current stream,
+their calls replayed from CUDA graphs where a binary allows it (``cuda_launch``); ``DCNB_CUDA_GRAPHS=0`` turns the
+graphs off. Until it has run on a GPU, CUDA binaries are called from Python unless ``DCNB_NATIVE_CUDA=1``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import functools
 import hashlib
 import os
 import pathlib
 import platform
+import re
 import shutil
 import sys
 import types
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from dace.codegen.compiled_sdfg import CompiledSDFG
 
 
 _SOURCE = pathlib.Path(__file__).with_name("native.cpp")
@@ -29,6 +39,36 @@ _SOURCE = pathlib.Path(__file__).with_name("native.cpp")
 def calls() -> bool:
     """Whether compiled modules are called from C++ (``DCNB_NATIVE``, read when a step is built)."""
     return os.environ.get("DCNB_NATIVE", "1") != "0"
+
+
+def calls_cuda() -> bool:
+    """Whether CUDA binaries are called from C++ too (``DCNB_NATIVE_CUDA=1``): off by default, since that path has
+    been compiled but not yet run on a GPU (``make gpu`` runs it; benchmarks/NOTES.md, GPU)."""
+    return calls() and os.environ.get("DCNB_NATIVE_CUDA", "0") == "1"
+
+
+def graphs() -> bool:
+    """Whether CUDA binaries' calls are replayed from CUDA graphs (``DCNB_CUDA_GRAPHS``, read when a step is built)."""
+    return os.environ.get("DCNB_CUDA_GRAPHS", "1") != "0"
+
+
+def cuda_launch(binary: CompiledSDFG) -> tuple[int, bool]:
+    """How native.cpp calls a CUDA binary: the address of its ``__dace_gpu_set_all_streams`` where every launch and
+    copy goes to the streams it is given (0 where some go to the legacy default stream: DaCe's
+    ``max_concurrent_streams = -1``), and whether its calls can be captured into CUDA graphs: not where a call waits
+    for its own work on the host (DaCe ends a state with its streams' synchronization), which capture forbids."""
+    set_streams = binary.get_exported_function("__dace_gpu_set_all_streams")
+    if set_streams is None:
+        return 0, False
+    src = pathlib.Path(binary.sdfg.build_folder) / "src"
+    code = {folder: "".join(f.read_text() for f in sorted((src / folder).glob("*.c*"))) for folder in ("cpu", "cuda")}
+    # a launch's or a copy's last argument is its stream ("nullptr": the legacy default one)
+    calls = re.findall(r"\b(?:cudaLaunchKernel|cuda\w+Async)\((.*)\);", code["cpu"] + code["cuda"])
+    if any(call.rstrip(") ").rsplit(",", 1)[-1].strip() in ("nullptr", "0", "NULL") for call in calls):
+        return 0, False
+    body = re.search(r"void __program_\w+_internal\(.*?\n}\n", code["cpu"], re.DOTALL)
+    capturable = body is not None and "Synchronize(" not in body.group(0)
+    return ctypes.cast(set_streams, ctypes.c_void_p).value, capturable and graphs()
 
 
 @functools.cache
@@ -80,4 +120,6 @@ def _build() -> types.ModuleType:
     key = hashlib.sha256(
         b"\n".join([source, torch.__version__.encode(), sys.version.encode(), platform.machine().encode()])
     ).hexdigest()[:16]
-    return cpp_extension.load(name=f"dcnb_native_{key}", sources=[str(_SOURCE)], extra_cflags=["-O2"], verbose=False)
+    return cpp_extension.load(
+        name=f"dcnb_native_{key}", sources=[str(_SOURCE)], extra_cflags=["-O2"], extra_ldflags=["-ldl"], verbose=False
+    )

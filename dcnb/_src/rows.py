@@ -17,6 +17,9 @@ atomics. This action, after autodiff, on the forward and the backward:
    reductions allow (LayerNorm's backward: 17 passes over each row -> 7, 4.3 -> 2.9 ms);
 6. puts small constant-size transients on the stack (DaCe's move_small_arrays_to_stack, with a 4096-element
    limit), so that per-row buffers are not heap allocations in the loop.
+
+On a GPU a row per thread reads memory no warp can coalesce; ``to_warps`` gives each row a warp instead. It is
+built for sm_90 without a GPU (tests/compile/test_rows_cuda.py), not yet run on one, and so not offered as a step.
 """
 
 from __future__ import annotations
@@ -28,13 +31,16 @@ import dace
 from dace.config import Config, temporary_config
 from dace.libraries.standard import Reduce
 from dace.sdfg import nodes
+from dace.sdfg.graph import SubgraphView
 from dace.sdfg.propagation import propagate_memlets_scope
+from dace.transformation import helpers as xfh
 from dace.transformation.auto.auto_optimize import move_small_arrays_to_stack
-from dace.transformation.dataflow import MapCollapse, MapExpansion, MapFusion
+from dace.transformation.dataflow import MapCollapse, MapExpansion, MapFusion, WarpTiling
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 
 from . import dace_internals, matching, partial_sums, reductions
+from .passes import cuda_build
 
 #: elements up to which a constant-size transient lives on the stack (a row of 4096 floats is 16 KiB)
 STACK_ELEMENTS = 4096
@@ -69,6 +75,49 @@ def apply(sdfg: dace.SDFG, where, options: dict) -> int:
             Config.set("optimizer", "autotile_size", value=STACK_ELEMENTS)
             move_small_arrays_to_stack(sdfg)
     return max(fused, 1)
+
+
+def to_warps(sdfg: dace.SDFG) -> int:
+    """The GPU form of what ``apply`` made: arguments in GPU memory, each row map a kernel with a warp per row, its
+    column loops strided over the warp's 32 lanes and their sums into one value per row combined with shuffles
+    (DaCe's WarpTiling; every lane gets the result). Returns the row maps so tiled."""
+    cuda_build.to_gpu(sdfg)
+    tiled = 0
+    for state in sdfg.states():
+        for entry in [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and state.entry_node(n) is None]:
+            if entry.map.schedule != dace.ScheduleType.GPU_Device or not xfh.get_internal_scopes(state, entry):
+                continue
+            _to_warp(sdfg, state, entry)
+            tiled += 1
+    return tiled
+
+
+def _to_warp(sdfg: dace.SDFG, state: dace.SDFGState, entry: nodes.MapEntry) -> None:
+    # gap: WarpTiling starts each lane's partial sum from the sum's value, copied in a state it puts first, so
+    # before the tasklet that zeroes the sum where that is in the same state (a garbage start), and on a row map's
+    # body in its kernel's own state it moves that copy out of the kernel; the body nested, its zeroing tasklets
+    # in states of their own before, puts the copy after the zeroing and inside the kernel
+    body = xfh.nest_state_subgraph(sdfg, state, state.scope_subgraph(entry, include_entry=False, include_exit=False))
+    for inner in list(body.sdfg.states()):
+        for tasklet in [n for n in inner.nodes() if isinstance(n, nodes.Tasklet) and inner.in_degree(n) == 0]:
+            if inner.entry_node(tasklet) is None:
+                xfh.state_fission(SubgraphView(inner, [tasklet, *(e.dst for e in inner.out_edges(tasklet))]))
+    # the column loops, sequential per row on the CPU, are what the warp's lanes share
+    for node, _ in body.sdfg.all_nodes_recursive():
+        if isinstance(node, nodes.MapEntry) and node.map.schedule == dace.ScheduleType.Sequential:
+            node.map.schedule = dace.ScheduleType.Default
+    # its precondition reads Default maps inside as explicit thread blocks, which the strided loops then become
+    warp = WarpTiling.apply_to(sdfg, verify=False, mapentry=entry)
+    # gap: WarpTiling routes an empty memlet (an ordering edge) into the warp's map through a connector that leads
+    # nowhere inside it, which code generation rejects
+    for scope in (warp, state.exit_node(warp)):
+        for edge in state.in_edges(scope):
+            if edge.data.is_empty() and edge.dst_conn is not None:
+                scope.remove_in_connector(edge.dst_conn)
+                edge.dst_conn = None
+        used = {edge.src_conn for edge in state.out_edges(scope)}
+        for connector in [c for c in scope.out_connectors if c not in used]:
+            scope.remove_out_connector(connector)
 
 
 def _fuse_outermost(sdfg: dace.SDFG) -> int:

@@ -1,0 +1,59 @@
+"""The C++ call path's CUDA branch on a machine without a GPU: native.cpp builds and links with a CPU-only PyTorch,
+no CUDA library and no nvcc, its CUDA entry points are there, a CPU call through the same plan is unchanged, and
+the CUDA binaries DaCe builds here are read as native.cpp will call them. Running them needs a GPU: tests/gpu
+(``make gpu``)."""
+
+import shutil
+
+import pytest
+import torch
+from dace.config import Config, temporary_config
+
+import dcnb
+from dcnb._src import build, native
+from models import Mish
+
+pytestmark = pytest.mark.compile
+
+
+def test_the_extension_has_its_cuda_branch_without_cuda():
+    extension = native.extension()
+    assert extension is not None, "the C++ call path did not build"
+    reason = extension.cuda_driver()
+    # the driver is opened at run time, not linked: here dlopen's own reason, where a driver is installed none
+    assert reason == "" or "libcuda.so.1" in reason, reason
+
+
+def test_a_cpu_plan_takes_the_cuda_arguments_and_calls_as_before(monkeypatch):
+    monkeypatch.setenv("DCNB_NATIVE", "1")
+    torch.manual_seed(0)
+    x = torch.rand(2, 4, 16, 16)
+    session = dcnb.optimize(Mish(), x, baselines=(), time_budget=0.0)
+    runner = session._states[-1].runner
+    assert runner._plan is not None, "the CPU call did not go through native.cpp"
+    xr = x.clone().requires_grad_()
+    y = session.module(xr)
+    upstream = torch.rand_like(y)
+    y.backward(upstream)
+    expected = x.clone().requires_grad_()
+    want = Mish()(expected)
+    want.backward(upstream)
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(xr.grad, expected.grad)
+    # neither the forward nor the backward has CUDA graphs on the CPU
+    assert runner._native.graphs(runner._plan) == [(0, ""), (0, "")]
+
+
+def test_cuda_builds_launch_on_the_default_stream_and_are_called_so():
+    # build.py builds for the legacy default stream (max_concurrent_streams = -1): native.cpp must not hand such a
+    # binary a stream (it would launch on the default one regardless) nor capture it (the legacy stream cannot be)
+    assert shutil.which("nvcc"), "nvcc belongs to the build environment"
+    session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0)
+    assert session.apply("tasklet_fusion").ok
+    sdfgs = session._states[-1].sdfgs
+    with temporary_config():
+        Config.set("compiler", "cuda", "cuda_arch", value="90")
+        built = build.build([sdfgs.forward, sdfgs.backward], "cuda")
+    for binary in built.binaries:
+        assert binary.get_exported_function("__dace_gpu_set_all_streams") is not None
+        assert native.cuda_launch(binary) == (0, False)
