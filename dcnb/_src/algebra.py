@@ -615,9 +615,9 @@ def count(sdfg: dace.SDFG, where, options: dict) -> int:
     return len(places(sdfg, where, options))
 
 
-def places(sdfg: dace.SDFG, where, options: dict) -> list[tuple[str, ...]]:
-    """The tasklets it would rewrite, each as its label."""
-    return [(site.tasklet.label,) for site in sites(sdfg, where) if _analysis(site, options).rewrite is not None]
+def places(sdfg: dace.SDFG, where, options: dict) -> list[nodes.Tasklet]:
+    """The tasklets it would rewrite."""
+    return [site.tasklet for site in sites(sdfg, where) if _analysis(site, options).rewrite is not None]
 
 
 def apply(sdfg: dace.SDFG, where, options: dict) -> int:

@@ -9,6 +9,7 @@ readable one the views draw (``names``).
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Callable, Container, Hashable, Iterator
 from typing import Any
 
@@ -172,6 +173,11 @@ def _bytes(sdfg: dace.SDFG, memlet: dace.Memlet) -> int | None:
         return None
 
 
+def names_by_guid(sdfg: dace.SDFG) -> dict[str, str]:
+    """Node guid -> the name a picture of ``sdfg`` draws the node with (without drawing it)."""
+    return {str(node.guid): _name(node) for node, _, _ in _placed(sdfg)}
+
+
 def _name(node: nodes.Node) -> str:
     """The readable name a view draws for a node."""
     if isinstance(node, (nodes.MapEntry, nodes.MapExit)):
@@ -251,6 +257,23 @@ def _info(sdfg: dace.SDFG, node: nodes.Node) -> dict[str, str]:
 
 
 # --- what a step changed --------------------------------------------------------------------------------------
+
+
+def counterparts(source: dace.SDFG, shown: dace.SDFG) -> dict[nodes.Node, str]:
+    """Node of ``source`` -> the guid of the node of ``shown`` it is (as a step's diff matches them): where a
+    node found in the SDFG an action searched is drawn in the picture of the SDFG compiled from it. Matched once
+    per pair (a session's SDFGs do not change once built, and every refresh of the actions asks again)."""
+    known = _counterparts.get(source)
+    if known is None or known[0] is not shown:
+        known = _counterparts[source] = (shown, {old: new.guid for new, old in _Diff(source, shown).match.items()})
+    return known[1]
+
+
+#: ``counterparts`` by source SDFG: the SDFG shown and what was matched
+_counterparts: weakref.WeakKeyDictionary[dace.SDFG, tuple[dace.SDFG, dict[nodes.Node, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
 
 #: a node where it is drawn: the node, its state, the SDFG whose arrays it reads
 _Placed = tuple[nodes.Node, dace.SDFGState, dace.SDFG]

@@ -76,6 +76,11 @@ def readable_map(raw: str) -> str:
     return readable(raw.removesuffix("_map") or raw)
 
 
+def readable_label(raw: str) -> str:
+    """A label ``where`` names (an array, a map, a tasklet or a library node) by the name the graphs draw."""
+    return readable_map(raw) if raw.endswith("_map") else readable(raw)
+
+
 def readable_sdfg(raw: str) -> str:
     """An SDFG's name, without the build key dcnb appends and the ``_sdfg`` some of DaCe's own end in."""
     return readable(_BUILD_KEY.sub("", raw).removesuffix("_sdfg") or raw)

@@ -25,6 +25,7 @@ import ast
 import copy
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,13 @@ from dace.sdfg import infer_types, nodes
 from dace.sdfg.performance_evaluation import work_depth
 from dace.sdfg.performance_evaluation.helpers import get_uuid
 
+from . import profile, sources
 from .sources import expansions
+
+SIDES = ("forward", "backward")
+#: the metrics worked out so far, by the step's compiled forward SDFG (not its index: an index is used again
+#: after an undo), which the widget and the static rendering both read
+_found: weakref.WeakKeyDictionary[dace.SDFG, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 #: the nodes measured (a map's exit shows its map's)
 _MEASURED = (nodes.MapEntry, nodes.MapExit, nodes.Tasklet, nodes.LibraryNode, nodes.NestedSDFG)
@@ -45,9 +52,30 @@ _UNKNOWN = sp.Symbol("__dcnb_unknown_work")
 
 def of(session: Any, index: int | None = None) -> dict[str, dict[str, dict[str, float]] | None]:
     """The metrics of the forward and backward SDFGs as compiled at good step ``index`` (the current one by
-    default): ``{"forward": metrics, "backward": metrics or None}``, each as ``metrics`` returns it."""
+    default): ``{"forward": metrics, "backward": metrics or None}``, each as ``metrics`` returns it. Worked out
+    once per step (they take seconds on a large graph), then ``known``."""
     forward, backward = session.compiled_sdfgs(index)
-    return {"forward": metrics(forward), "backward": None if backward is None else metrics(backward)}
+    if forward not in _found:
+        _found[forward] = {"forward": metrics(forward), "backward": None if backward is None else metrics(backward)}
+    return _found[forward]
+
+
+def known(session: Any, index: int | None = None) -> dict[str, dict[str, dict[str, float]] | None] | None:
+    """``of``'s metrics of step ``index`` where they were worked out, else None (nothing is worked out here)."""
+    forward = session.compiled_sdfgs(index)[0]
+    # (``in``: a weak dictionary's ``get`` raises on what cannot be weakly referenced, a view's missing SDFG)
+    return _found[forward] if forward in _found else None  # noqa: SIM401
+
+
+def measured(session: Any, index: int | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """What the views draw of step ``index``'s nodes: side -> node guid -> its ``known`` bytes, FLOPs and
+    intensity, with ``ms`` where the step was profiled (``profile.measured``)."""
+    static = known(session, index) or {}
+    found = {side: {guid: dict(m) for guid, m in (static.get(side) or {}).items()} for side in SIDES}
+    timed = profile.measured(session.compiled_sdfgs(index)[0])
+    for kernel in timed["kernels"] if timed is not None else ():
+        found[kernel["side"]].setdefault(kernel["guid"], {})["ms"] = kernel["ms"]
+    return found
 
 
 def metrics(sdfg: dace.SDFG) -> dict[str, dict[str, float]]:
@@ -111,11 +139,14 @@ def _analyze(
 def _library_work(sdfg: dace.SDFG) -> Callable[[nodes.LibraryNode, dace.SDFGState], int | None]:
     """The work of one execution of a library node of ``sdfg`` (or of a copy: found by guid) that DaCe has no
     formula for: an Einsum's, else that of its expansion, analyzed on its own (where the Einsums it holds count
-    so too); None where it is not known. The library nodes are expanded once, as code generation does, on a
-    copy."""
-    expanded_copy = copy.deepcopy(sdfg)
-    with expansions(expanded_copy) as expanded:
-        _expand_unknown(expanded_copy)
+    so too); None where it is not known. The library nodes are expanded once, as code generation does: the copy
+    the generated code is read from where the build folder is there (``sources.expanded``: one expansion for
+    both), else a copy of its own."""
+    expanded = sources.expanded(sdfg)
+    if expanded is None:
+        expanded_copy = copy.deepcopy(sdfg)
+        with expansions(expanded_copy) as expanded:
+            _expand_unknown(expanded_copy)
 
     def work(node: nodes.LibraryNode, state: dace.SDFGState) -> int | None:
         flops = _einsum_flops(node, state)

@@ -7,7 +7,7 @@ their states: see ``_instrumented``). It is generated under the configuration it
 with the compiler flags the build adds (``build._own_args``), compiled into a folder of its own (the build
 cache's key leaves instrumentation out, so the cache would hand back the uninstrumented binary), and called
 through a ``Runner`` of its own, forward and backward as the session times a step, on the session's inputs and
-upstream gradients (``Session._timed_call``). DaCe writes its timers' report when a binary is finalized; each
+upstream gradients (``Session.calls``). DaCe writes its timers' report when a binary is finalized; each
 node's time is the median over the calls, the first left out. The instrumented binaries call DaCe's Python entry
 (they have no entry for dcnb's C++ call path), whose overhead is in the call's time, in no node's.
 
@@ -18,7 +18,6 @@ GPU's kernels run asynchronously to a host timer: on CUDA this is refused (GPU e
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import pathlib
 import shutil
@@ -26,6 +25,7 @@ import statistics
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +36,7 @@ from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.config import Config, temporary_config
 from dace.sdfg import infer_types, nodes
 
-from . import build, cache, verify
+from . import build, cache, graph, names
 from .errors import DcnbError
 from .module import Runner
 from .sources import expansions
@@ -55,7 +55,7 @@ def run(session: Any, runs: int = 5) -> dict[str, Any]:
          "torch_ms": the median eager call (under the profiler)}
 
     ``ms`` is per call; ``share`` is of the call's time (what is not in any node is the call's overhead)."""
-    parts = _Parts(session)
+    parts = session.calls()
     if parts.device != "cpu":
         raise DcnbError("profiling times maps on the CPU; on a GPU its kernels need GPU events, not host timers")
     folder = pathlib.Path(tempfile.mkdtemp(prefix="profile_", dir=_profiles()))
@@ -64,7 +64,7 @@ def run(session: Any, runs: int = 5) -> dict[str, Any]:
         runner = Runner(
             parts.imported, parts.program, timed[0].binary, None if timed[1] is None else timed[1].binary, "cpu"
         )
-        step = _median_ms(parts.timed_call(runner), runs, parts.preserved)
+        step = _median_ms(parts.timed(runner), runs, parts.preserved)
         kernels = []
         for side, built in zip(_SIDES, timed):
             if built is not None:
@@ -72,43 +72,46 @@ def run(session: Any, runs: int = 5) -> dict[str, Any]:
                     {"guid": guid, "name": name, "side": side, "ms": ms, "share": ms / step}
                     for guid, name, ms in built.times(runs + 1)  # (and the warm-up)
                 ]
-        ops, eager = _torch_profile(parts.eager_call(), runs, parts.preserved)
+        ops, eager = _torch_profile(parts.eager, runs, parts.preserved)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {
+    result = {
         "kernels": sorted(kernels, key=lambda k: -k["ms"]),
         "step_ms": step,
         "torch": [{**op, "share": op["ms"] / eager} for op in ops],
         "torch_ms": eager,
     }
+    _measured[parts.compiled[0]] = result
+    return result
+
+
+def measured(forward: dace.SDFG) -> dict[str, Any] | None:
+    """What ``run`` measured of the step whose compiled forward SDFG is ``forward`` (None: not profiled)."""
+    # (``in``: a weak dictionary's ``get`` raises on what cannot be weakly referenced, a view's missing SDFG)
+    return _measured[forward] if forward in _measured else None  # noqa: SIM401
+
+
+def table(session: Any, index: int | None = None) -> dict[str, Any] | None:
+    """The profile of good step ``index`` (the current one by default) as the views show it, None where it was
+    not profiled: its ``step``, the top kernels (``rows``: ``run``'s, each named as the graphs draw its node),
+    PyTorch eager's top ops (``eager``), ``step_ms`` and ``torch_ms``."""
+    sdfgs = session.compiled_sdfgs(index)
+    found = measured(sdfgs[0])
+    if found is None:
+        return None
+    drawn = {guid: name for sdfg in sdfgs if sdfg is not None for guid, name in graph.names_by_guid(sdfg).items()}
+    return {
+        "step": session.current.index if index is None else index,
+        "rows": [dict(k, name=drawn.get(k["guid"]) or names.readable(k["name"])) for k in found["kernels"]],
+        "eager": found["torch"],
+        "step_ms": found["step_ms"],
+        "torch_ms": found["torch_ms"],
+    }
 
 
 _SIDES = ("forward", "backward")
-
-
-class _Parts:
-    """What profiling takes from a session: the one place that reads its private attributes (the Program and
-    Imported a Runner is made of, its way of calling a module as a step is timed, the user's module)."""
-
-    def __init__(self, session: Any):
-        state = session._states[-1]
-        self.device: str = session.device
-        self.compiled: tuple[dace.SDFG, dace.SDFG | None] = state.compiled
-        self.program = state.sdfgs
-        self.imported = session._imported
-        self._session = session
-
-    def timed_call(self, runner: Runner) -> Callable[[], None]:
-        """Forward and backward through ``runner``, as the session times a step."""
-        return self._session._timed_call(self._session._dcnb_module(runner))
-
-    def eager_call(self) -> Callable[[], None]:
-        """Forward and backward through PyTorch eager, as the session times its baseline."""
-        return self._session._timed_call(self._session._module)
-
-    def preserved(self) -> contextlib.AbstractContextManager:
-        """A block that leaves the user's module as it was (as the session's timing does)."""
-        return verify.preserved(self._session._module, self._session.training)
+#: what ``run`` measured, by the compiled forward SDFG of the step it profiled (the views read it there)
+_measured: weakref.WeakKeyDictionary[dace.SDFG, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class _Instrumented:

@@ -8,14 +8,18 @@ are embedded as ``<img>`` data, which cannot run scripts.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import html
+import math
+import re
 import shutil
 import subprocess
 from typing import Any
 
 from . import graph as graphs
-from .record import MIB, Step, Table, tabulate_history, tabulate_timings
+from . import names, overlays, profile
+from .record import MIB, Row, Step, Table, tabulate_history, tabulate_timings
 from .session import Session
 
 #: above this many nodes a picture is shown at its own size, in a box that scrolls
@@ -50,7 +54,7 @@ def to_html(session: Session) -> str:
         f"<h4 style='margin: 4px 0'>dcnb session: {_e(session.name)} on {_e(session.device)}</h4>",
         step_html(current),
         "<h5 style='margin: 8px 0 4px'>History</h5>",
-        table_html(tabulate_history(session.history, current.index)),
+        table_html(history(session)),
         chart_svg(session.history),
     ]
     # forward and backward side by side where the page is wide enough, as a reader compares them
@@ -59,10 +63,12 @@ def to_html(session: Session) -> str:
     # each graph says what the step changed in the SDFG of the good step it was made from (the naive step: none)
     previous = session.previous_step() if any(sdfg is not None for _, sdfg in shown) else None
     befores = session.compiled_sdfgs(previous) if previous is not None else (None, None)
-    for (title, sdfg), before in zip(shown, befores, strict=True):
+    # what the widget worked out or measured of the step (overlays.measured): the same heat and numbers
+    metrics = overlays.measured(session) if session.forward_sdfg is not None else {}
+    for (title, sdfg), before, side in zip(shown, befores, overlays.SIDES, strict=True):
         if sdfg is None:
             continue
-        picture = graphs.describe(sdfg, before=before)
+        picture = graphs.describe(sdfg, before=before, metrics=metrics.get(side))
         parts.append("<div class='dcnb-static-graph' style='flex: 1 1 0; min-width: 320px'>")
         parts.append(
             f"<h5 style='margin: 8px 0 4px'>{title}: {_e(picture['name'])} ({graphs.size(picture)} nodes)</h5>"
@@ -70,12 +76,52 @@ def to_html(session: Session) -> str:
         parts.append(graph_img(picture))
         parts.append("</div>")
     parts.append("</div>")
+    found = profile.table(session) if session.forward_sdfg is not None else None
+    if found is not None:
+        parts.append(profile_html(found))
     parts.append("</div>")
     return "\n".join(parts)
 
 
+def profile_html(found: dict[str, Any]) -> str:
+    """The top kernels of a profiled step (``profile.table``) beside PyTorch eager's top ops, as tables."""
+    kernels = Table(
+        "kernels",
+        ("kernel", "side", "ms", "share"),
+        tuple(Row((k["name"], k["side"], f"{k['ms']:.3f}", f"{k['share']:.0%}")) for k in found["rows"][:TOP_SHOWN]),
+        caption=f"step {found['step']}, instrumented: {found['step_ms']:.3f} ms per forward+backward",
+        left=(0, 1),
+    )
+    eager = Table(
+        "eager",
+        ("op", "ms", "share"),
+        tuple(Row((op["name"], f"{op['ms']:.3f}", f"{op['share']:.0%}")) for op in found["eager"][:TOP_SHOWN]),
+        caption=f"PyTorch eager (torch.profiler): {found['torch_ms']:.3f} ms per forward+backward",
+        left=(0,),
+    )
+    return (
+        "<h5 style='margin: 8px 0 4px'>Profile: top kernels</h5>"
+        "<div style='display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start'>"
+        f"<div>{table_html(kernels)}</div><div>{table_html(eager)}</div></div>"
+    )
+
+
+def titled(step: Step) -> Step:
+    """``step`` as the views title it: the labels of its ``where`` by the names the graphs draw (DaCe's own stay
+    in the step, its details and the recipe)."""
+    if not step.where:
+        return step
+    return dataclasses.replace(step, where=tuple(names.readable_label(label) for label in step.where))
+
+
+def history(session: Session) -> Table:
+    """The history table as the views show it (the steps titled by readable names)."""
+    return tabulate_history([titled(s) for s in session.history], session.current.index)
+
+
 def step_html(step: Step) -> str:
     """One step: ok or the reason it failed, allclose, memory, compile time, and its timing table."""
+    step = titled(step)
     if not step.ok:
         return f"<p><b>step {step.index}: {_e(step.title)} failed</b>: {_e(step.error or '')}</p>"
     rows = []
@@ -169,10 +215,40 @@ def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
 
 def graph_img(picture: dict[str, Any]) -> str:
     """The picture as an SVG image (or a note where Graphviz is not installed), and under it what the step that
-    made it changed."""
+    made it changed and the legend of its heat colouring."""
     svg = to_svg(picture)
     if svg is None:
-        return "<p><i>(install Graphviz to see the graph here)</i></p>" + changes_html(picture)
+        return "<p><i>(install Graphviz to see the graph here)</i></p>" + changes_html(picture) + heat_html(picture)
+    return _graph_box(picture, svg) + heat_html(picture)
+
+
+def heat_html(picture: dict[str, Any]) -> str:
+    """The legend of a picture's heat colouring and the numbers of its hottest nodes (an SVG drawn as an image
+    shows no tooltips); empty where its nodes carry no metrics."""
+    heat = _Heat.of(picture)
+    if heat is None:
+        return ""
+    ramp = "".join(f"<span style='background: {c}'>&nbsp;&nbsp;&nbsp;</span>" for c in HEAT_COLOURS)
+    # a map's entry and exit carry the same numbers: the entry stands for both
+    measured = [n for n in graphs.all_nodes(picture) if n["kind"] != graphs.MAP_EXIT and n.get("metrics")]
+    hottest = sorted(measured, key=lambda n: -n["metrics"].get(heat.metric, 0))[:HOTTEST_SHOWN]
+    rows = [
+        f"<li>{_e(n.get('name') or n['label'])}: {_e(_metrics_text(n['metrics']))}</li>"
+        for n in hottest
+        if n["metrics"].get(heat.metric)
+    ]
+    return (
+        f"<p class='dcnb-heat' style='margin: 4px 0'>colour: {_OVERLAYS[heat.metric]} from "
+        f"{_e(metric_text(heat.metric, heat.low))} {ramp} to {_e(metric_text(heat.metric, heat.high))}</p>"
+        f"<ul class='dcnb-hottest' style='margin: 2px 0'>{''.join(rows)}</ul>"
+    )
+
+
+def _metrics_text(measured: dict[str, float]) -> str:
+    return " · ".join(f"{_OVERLAYS[k]} {metric_text(k, measured[k])}" for k in _OVERLAYS if k in measured)
+
+
+def _graph_box(picture: dict[str, Any], svg: str) -> str:
     data = base64.b64encode(svg.encode()).decode()
     img = f'<img alt="{_e(picture["name"])}" style="max-width: 100%" src="data:image/svg+xml;base64,{data}"/>'
     if graphs.size(picture) <= SCROLL_ABOVE:
@@ -230,7 +306,8 @@ def _dot() -> str | None:
 
 def to_dot(picture: dict[str, Any]) -> str:
     """The picture in Graphviz's language: states, map scopes and nested SDFGs as clusters (map scopes and nested
-    SDFGs collapsed if large); what the step added and changed outlined in colour."""
+    SDFGs collapsed if large); what the step added and changed outlined in colour; where its nodes carry metrics,
+    a heat colouring (``_Heat``) and their numbers in each node's tooltip."""
     collapse = graphs.size(picture) > graphs.COLLAPSE_ABOVE
     lines = [
         "digraph sdfg {",
@@ -238,19 +315,19 @@ def to_dot(picture: dict[str, Any]) -> str:
         '  node [fontname="Helvetica" fontsize=10 height=0.3];',
         '  edge [fontname="Helvetica" fontsize=8 color="#555555"];',
     ]
-    _dot_sdfg(picture, lines, collapse, "  ")
+    _dot_sdfg(picture, lines, collapse, _Heat.of(picture), "  ")
     lines.append("}")
     return "\n".join(lines)
 
 
-def _dot_sdfg(picture: dict[str, Any], lines: list[str], collapse: bool, indent: str) -> None:
+def _dot_sdfg(picture: dict[str, Any], lines: list[str], collapse: bool, heat: _Heat | None, indent: str) -> None:
     for state in picture["states"]:
         lines.append(f'{indent}subgraph "cluster_{state["id"]}" {{')
         lines.append(f'{indent}  label={_q(state["label"])} style=filled fillcolor="#eef2f8" color="#8a99b8";')
         by_scope: dict[str | None, list[dict[str, Any]]] = {}
         for node in state["nodes"]:
             by_scope.setdefault(node["scope"], []).append(node)
-        shown = _scope_nodes(state, by_scope, None, lines, collapse, indent + "  ")
+        shown = _scope_nodes(state, by_scope, None, lines, collapse, heat, indent + "  ")
         for edge in state["edges"]:
             src, dst = shown.get(edge["src"]), shown.get(edge["dst"])
             if src is None or dst is None or src == dst:
@@ -268,6 +345,7 @@ def _scope_nodes(
     scope: str | None,
     lines: list[str],
     collapse: bool,
+    heat: _Heat | None,
     indent: str,
 ) -> dict[str, str]:
     """Emit the nodes of one scope; returns node id -> the id drawn for it (a collapsed map stands for its body)."""
@@ -277,13 +355,13 @@ def _scope_nodes(
     for node in by_scope.get(scope, []):
         if node["kind"] == graphs.NESTED and "sdfg" in node:
             if collapse:
-                lines.append(_dot_node(node, indent, f"\n({graphs.size(node['sdfg'])} nodes inside)"))
+                lines.append(_dot_node(node, indent, heat, f"\n({graphs.size(node['sdfg'])} nodes inside)"))
             else:
                 # drawn in place, as a map scope is: its node on top, its states in its box below it
                 lines.append(f'{indent}subgraph "cluster_{node["id"]}" {{')
                 lines.append(f'{indent}  label="" style=filled fillcolor="#ffffff" color="#888888" penwidth=2;')
-                lines.append(_dot_node(node, indent + "  "))
-                _dot_sdfg(node["sdfg"], lines, collapse, indent + "  ")
+                lines.append(_dot_node(node, indent + "  ", heat))
+                _dot_sdfg(node["sdfg"], lines, collapse, heat, indent + "  ")
                 lines.extend(
                     f"{indent}  {_q(node['id'])} -> {_q(state['id'] + ':anchor')} [style=invis];"
                     for state in node["sdfg"]["states"]
@@ -295,18 +373,18 @@ def _scope_nodes(
         if node["kind"] == graphs.MAP_ENTRY:
             if collapse:
                 body = _descendants(node["id"], by_scope)
-                lines.append(_dot_node(node, indent, f"\n({len(body)} nodes inside)"))
+                lines.append(_dot_node(node, indent, heat, f"\n({len(body)} nodes inside)"))
                 shown[node["id"]] = node["id"]
                 shown.update({n: node["id"] for n in body})
                 continue
             lines.append(f'{indent}subgraph "cluster_{node["id"]}" {{')
             lines.append(f'{indent}  label="" style=dashed color="#4a7bd0";')
-            lines.append(_dot_node(node, indent + "  "))
+            lines.append(_dot_node(node, indent + "  ", heat))
             shown[node["id"]] = node["id"]
-            shown.update(_scope_nodes(state, by_scope, node["id"], lines, collapse, indent + "  "))
+            shown.update(_scope_nodes(state, by_scope, node["id"], lines, collapse, heat, indent + "  "))
             lines.append(f"{indent}}}")
             continue
-        lines.append(_dot_node(node, indent))
+        lines.append(_dot_node(node, indent, heat))
         shown[node["id"]] = node["id"]
     return shown
 
@@ -319,14 +397,74 @@ def _descendants(scope: str, by_scope: dict[str | None, list[dict[str, Any]]]) -
     return found
 
 
-def _dot_node(node: dict[str, Any], indent: str, note: str = "") -> str:
+def _dot_node(node: dict[str, Any], indent: str, heat: _Heat | None, note: str = "") -> str:
     label = node.get("name") or node["label"]
     if node["kind"] in (graphs.MAP_ENTRY, graphs.MAP_EXIT):
         label += f" [{node['info'].get('range', '')}]"
     outline = ""
     if node.get("change") in _CHANGES:
         outline = f' color="{_CHANGES[node["change"]][0]}" penwidth=3'
-    return f"{indent}{_q(node['id'])} [label={_q(label + note)} {_SHAPES.get(node['kind'], 'shape=box')}{outline}];"
+    shape = _SHAPES.get(node["kind"], "shape=box")
+    measured = node.get("metrics") or {}
+    if heat is not None and (value := measured.get(heat.metric)):
+        shape = re.sub(r'fillcolor="[^"]*"', "", shape).replace("style=filled", "").strip()
+        styled = "rounded,filled" if node["kind"] == graphs.LIBRARY else "filled"
+        shape = re.sub(r'style="[^"]*"', "", shape).strip() + f' style="{styled}" fillcolor="{heat.colour(value)}"'
+    tip = f" tooltip={_q(_metrics_text(measured))}" if measured else ""
+    return f"{indent}{_q(node['id'])} [label={_q(label + note)} {shape}{outline}{tip}];"
+
+
+#: the overlays' metrics in the widget's order, as its selector names them
+_OVERLAYS = {"bytes": "bytes", "flops": "FLOPs", "intensity": "intensity", "ms": "time"}
+#: light yellow to dark red (ColorBrewer's YlOrRd), the widget's heat colours (labextension/src/overlay.ts)
+HEAT_COLOURS = ("#ffffb2", "#fecc5c", "#fd8d3c", "#f03b20", "#bd0026")
+_UNITS = {"bytes": "B", "flops": "FLOP", "intensity": "FLOP/byte", "ms": "ms"}
+#: rows of each profile table shown
+TOP_SHOWN = 10
+#: nodes whose numbers the legend under a coloured graph lists
+HOTTEST_SHOWN = 5
+
+
+def metric_text(metric: str, value: float) -> str:
+    """A metric as the widget's tooltips write it: bytes and FLOPs with SI prefixes, 3 significant digits."""
+    if metric in ("bytes", "flops"):
+        prefix = ""
+        for step in ("k", "M", "G", "T", "P"):
+            if abs(value) < 1000:
+                break
+            value, prefix = value / 1000, step
+        return f"{f'{value:.3g}' if prefix else f'{value:g}'} {prefix}{_UNITS[metric]}"
+    return f"{value:.3g} {_UNITS[metric]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Heat:
+    """The heat colouring of one picture: a metric on a log scale between its smallest and largest value there."""
+
+    metric: str
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, picture: dict[str, Any]) -> _Heat | None:
+        """Time where the step was profiled, else bytes moved (what the static picture has room for: one); None
+        where its nodes have neither."""
+        for metric in ("ms", "bytes"):
+            values = [v for n in graphs.all_nodes(picture) if (v := (n.get("metrics") or {}).get(metric)) and v > 0]
+            if values:
+                return cls(metric, min(values), max(values))
+        return None
+
+    def colour(self, value: float) -> str:
+        t = 1.0 if self.high <= self.low else (math.log(value) - math.log(self.low)) / math.log(self.high / self.low)
+        t = min(1.0, max(0.0, t)) * (len(HEAT_COLOURS) - 1)
+        i = min(int(t), len(HEAT_COLOURS) - 2)
+        a, b = (_rgb(HEAT_COLOURS[i]), _rgb(HEAT_COLOURS[i + 1]))
+        return "#" + "".join(f"{round(x + (y - x) * (t - i)):02x}" for x, y in zip(a, b))
+
+
+def _rgb(colour: str) -> tuple[int, ...]:
+    return tuple(int(colour[k : k + 2], 16) for k in (1, 3, 5))
 
 
 def _q(text: str) -> str:

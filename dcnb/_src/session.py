@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -17,7 +18,7 @@ from torch import nn
 
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import cuda_check, events, native, passes, probe, program, steps, structure, timing, verify
+from . import cuda_check, events, graph, native, passes, probe, program, steps, structure, timing, verify
 from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
@@ -40,6 +41,24 @@ class _State:
     runner: Runner
     applied: tuple[Entry, ...]
     step: Step
+
+
+@dataclasses.dataclass(frozen=True)
+class Calls:
+    """What an instrumented run of the current step takes from a session (profile.py): its compiled SDFGs, what a
+    Runner is made of, and the calls the session times a step with, so that the run is timed as a step is."""
+
+    device: str
+    #: the forward and backward SDFGs as compiled (views draw them; the profile times copies of them)
+    compiled: tuple[dace.SDFG, dace.SDFG | None]
+    program: Program
+    imported: Imported
+    #: forward and backward through the compiled module a runner makes, as a step is timed
+    timed: Callable[[Runner], Callable[[], None]]
+    #: forward and backward through PyTorch eager, as its baseline is timed
+    eager: Callable[[], None]
+    #: a block that leaves the user's module as it was (as the session's timing does)
+    preserved: Callable[[], contextlib.AbstractContextManager]
 
 
 class Session:
@@ -162,6 +181,20 @@ class Session:
         good = ", ".join(str(s.step.index) for s in self._states)
         raise DcnbError(f"step {index} is not a good step of the current state (good steps: {good})")
 
+    def calls(self) -> Calls:
+        """The current step's SDFGs and the session's timed calls, for a run of the step outside its timing
+        (profile.py)."""
+        state = self._states[-1]
+        return Calls(
+            device=self.device,
+            compiled=state.compiled,
+            program=state.sdfgs,
+            imported=self._imported,
+            timed=lambda runner: self._timed_call(self._dcnb_module(runner)),
+            eager=self._timed_call(self._module),
+            preserved=lambda: verify.preserved(self._module, self.training),
+        )
+
     @property
     def pre_autodiff_sdfg(self) -> dace.SDFG:
         """The forward SDFG before autodiff: what transformations that act before autodiff see."""
@@ -191,7 +224,7 @@ class Session:
 
     def actions(self, where: Iterable[str] | None = None) -> list[steps.Action]:
         """The transformations on offer now, each with how many places it matches (``matches``; 0: not
-        applicable) and, where it can list them, those places (``at``: side and node labels, as ``places``)."""
+        applicable) and, where it can list them, those places (``at``, as ``places`` lists them)."""
         where = None if where is None else tuple(where)
         state = self._states[-1]
         offers = []
@@ -207,28 +240,36 @@ class Session:
             offers.append(dataclasses.replace(action, matches=matches, at=None if at is None else tuple(at)))
         return offers
 
-    def places(self, name: str, where: Iterable[str] | None = None) -> list[tuple[str, steps.Place]]:
-        """Where action ``name`` applies now, one place at a time: ``(side, labels)``, the side ("forward" or
-        "backward") and the labels of the nodes it binds there; ``apply(name, where=labels)`` applies it there.
-        Empty for an action that acts on a whole SDFG only."""
+    def places(self, name: str, where: Iterable[str] | None = None) -> list[steps.Place]:
+        """Where action ``name`` applies now, one place at a time: ``Place(side, labels, guids)``, the side
+        ("forward" or "backward"), the labels of the nodes it binds there (``apply(name, where=place.labels)``
+        applies it there, and a recipe keeps them) and the guids of those nodes in the current picture of that
+        side (``forward_sdfg``/``backward_sdfg``: nodes sharing a label are told apart). Empty for an action that
+        acts on a whole SDFG only."""
         action = steps.get(name)
         if self.device not in action.devices:
             return []
         return self._places(action, None if where is None else tuple(where)) or []
 
-    def _places(self, action: steps.Action, where: tuple[str, ...] | None) -> list[tuple[str, steps.Place]] | None:
+    def _places(self, action: steps.Action, where: tuple[str, ...] | None) -> list[steps.Place] | None:
         if action.places is None:
             return None
         state = self._states[-1]
         targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
         found = []
-        for side, sdfg in zip(("forward", "backward"), targets):
+        for side, sdfg, shown in zip(("forward", "backward"), targets, state.compiled):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    found.extend((side, place) for place in action.places(sdfg, where, {}))
+                    bound = action.places(sdfg, where, {})
             except Exception:  # as for counts: a matcher that crashes offers nothing rather than breaking the menu
                 continue
+            # the SDFG searched is not the one drawn (the build passes work on a copy, autodiff on another)
+            drawn = graph.counterparts(sdfg, shown) if bound else {}
+            found.extend(
+                steps.Place(side, b.labels, tuple(dict.fromkeys(drawn[n] for n in b.nodes if n in drawn)))
+                for b in bound
+            )
         return found
 
     def apply(self, name: str, where: Iterable[str] | None = None, **options: Any) -> Step:

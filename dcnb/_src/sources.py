@@ -50,6 +50,10 @@ _DEFINITION = r"^\s*(?:\w+\s+)*void\s+{}\s*\("
 #: what ``generated`` found, by compiled SDFG (and build folder): generating the code again takes seconds, and the
 #: views ask for a step's sources more than once; a compiled SDFG does not change
 _found: weakref.WeakKeyDictionary[dace.SDFG, tuple[pathlib.Path, dict[str, Any]]] = weakref.WeakKeyDictionary()
+#: a generated copy ``expanded`` made, by compiled SDFG (and build folder), until ``generated`` reads its code
+_generated: weakref.WeakKeyDictionary[
+    dace.SDFG, tuple[pathlib.Path, tuple[dace.SDFG, dict[str, str], dict[str, tuple[nodes.Node, dace.SDFGState]]]]
+] = weakref.WeakKeyDictionary()
 
 
 def of(session: Any, index: int | None = None) -> dict[str, dict[str, Any] | None]:
@@ -78,6 +82,7 @@ def generated(sdfg: dace.SDFG, folder: str | pathlib.Path | None = None) -> dict
         raise DcnbError(f"no generated code for {sdfg.name} in {folder}: the build folder is gone (cache cleared?)")
     paths = _source_paths(listed)
     generated_copy, annotated, expanded = _generate_again(sdfg, folder)
+    _generated.pop(sdfg, None)  # read once: the copy is not kept beside the result
     text = _Text()
     for path in paths:
         text.add(path, (folder / path).read_text(), annotated.get(path))
@@ -115,12 +120,28 @@ def _strip(code: str) -> str:
     return re.sub(r"[ \t]*////__(DACE:|CODEGEN;)[^\n]*", "", code)
 
 
+def expanded(sdfg: dace.SDFG) -> dict[str, tuple[nodes.Node, dace.SDFGState]] | None:
+    """What code generation expanded each library node of compiled ``sdfg`` into (by guid; recursively, as it
+    generates code), from the copy ``generated`` reads its code from: the overlays count a library node's work
+    there, so that the expansion (seconds on a transformer layer) is done once for both views. None where the
+    build folder is gone. Read it, do not change it."""
+    folder = pathlib.Path(sdfg.build_folder)
+    if not (folder / "dace.conf").exists():
+        return None
+    if sdfg not in _generated or _generated[sdfg][0] != folder:
+        _generated[sdfg] = (folder, _generate_again(sdfg, folder))
+    return _generated[sdfg][1][2]
+
+
 def _generate_again(
     sdfg: dace.SDFG, folder: pathlib.Path
 ) -> tuple[dace.SDFG, dict[str, str], dict[str, tuple[nodes.Node, dace.SDFGState]]]:
     """Generate a copy of ``sdfg`` as its build did (the configuration the build saved in ``dace.conf``, the scope
     connectors filled as build.py fills them): the copy as code generation left it, the code with its markers by
-    path under the build folder, and what each library node (by guid) was expanded into."""
+    path under the build folder, and what each library node (by guid) was expanded into. Generated once per
+    compiled SDFG and folder where ``expanded`` asked first."""
+    if sdfg in _generated and _generated[sdfg][0] == folder:
+        return _generated[sdfg][1]
     generated_copy = copy.deepcopy(sdfg)
     generated_copy.fill_scope_connectors()
     with expansions(generated_copy) as expanded, temporary_config(), warnings.catch_warnings():

@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import dace
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
@@ -28,8 +29,24 @@ from .errors import check
 from .matching import Where
 from .passes import cuda_build
 
-#: one place an action applies: the labels of the nodes it binds there
-Place = tuple[str, ...]
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """One place an action applies, as its ``places`` finds it: the labels ``where`` takes to apply it there
+    (labels outlive the SDFG: a recipe replays them on regenerated SDFGs), and the nodes it binds in the SDFG
+    searched (so that a view can mark those nodes, not every node sharing a label)."""
+
+    labels: tuple[str, ...]
+    nodes: tuple[nodes.Node, ...]
+
+
+class Place(NamedTuple):
+    """Where an action applies, one place of ``Session.places``: ``apply(name, where=place.labels)`` applies it
+    there; ``guids`` are the nodes it binds in the current picture of ``side`` (``graph.describe``'s ``guid``)."""
+
+    side: str
+    labels: tuple[str, ...]
+    guids: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,13 +67,13 @@ class Action:
     devices: tuple[str, ...] = ("cpu", "cuda")
     #: why_not(sdfg, where, options) -> reasons the action left candidate places alone (for "matches nothing")
     why_not: Callable[[dace.SDFG, Where, dict], list[str]] | None = None
-    #: places(sdfg, where, options) -> each place it applies, as the labels of the nodes there: ``where`` set to
+    #: places(sdfg, where, options) -> each place it applies, as the labels and nodes there: ``where`` set to
     #: one place's labels applies it there (None: it acts on the whole SDFG only)
-    places: Callable[[dace.SDFG, Where, dict], list[Place]] | None = None
+    places: Callable[[dace.SDFG, Where, dict], list[Bound]] | None = None
     #: places it matches in a session's SDFGs now (None: not counted)
     matches: int | None = None
     #: where it matches now, as ``Session.places`` lists it (None: not listed)
-    at: tuple[tuple[str, Place], ...] | None = None
+    at: tuple[Place, ...] | None = None
 
     @property
     def phase(self) -> str:
@@ -80,25 +97,43 @@ def get(name: str) -> Action:
 # --- pattern transformations, one match at a time so that `where` can filter ---------------------------------
 
 
-def _places(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict], list[Place]]:
-    def places(sdfg: dace.SDFG, where: Where, options: dict) -> list[Place]:
+def _places(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict], list[Bound]]:
+    def places(sdfg: dace.SDFG, where: Where, options: dict) -> list[Bound]:
         bound = [dace_internals.pattern_nodes(m) for m in matching.matches(xform, sdfg, where, options)]
         return _distinct([[n for n in group if isinstance(n, nodes.AccessNode)] for group in bound], bound)
 
     return places
 
 
-def _distinct(short: list[list[nodes.Node]], full: list[list[nodes.Node]]) -> list[Place]:
+def _distinct(short: list[list[nodes.Node]], full: list[list[nodes.Node]]) -> list[Bound]:
     """Each place by its ``short`` labels (the arrays a match binds: maps and tasklets it fuses are named anew, so
-    applying there does not go on to the next match) where those name no other place, else by its ``full`` ones."""
-    shorts = [tuple(sorted({matching.label(n) for n in group})) for group in short]
+    applying there does not go on to the next match) where those name no other place, else by its ``full`` ones;
+    its nodes are all it binds either way."""
+    shorts = [_labels(group) for group in short]
     return [
-        labels if labels and shorts.count(labels) == 1 else tuple(sorted({matching.label(n) for n in whole}))
+        Bound(labels if labels and shorts.count(labels) == 1 else _labels(whole), tuple(whole))
         for labels, whole in zip(shorts, full)
     ]
 
 
-def _counted(places: Callable[[dace.SDFG, Where, dict], list[Place]]) -> Callable[[dace.SDFG, Where, dict], int]:
+def _labels(found: Iterable[nodes.Node]) -> tuple[str, ...]:
+    return tuple(sorted({matching.label(n) for n in found}))
+
+
+def _bound(found: Iterable[nodes.Node]) -> Bound:
+    """The place of ``found``, by all their labels."""
+    found = tuple(found)
+    return Bound(_labels(found), found)
+
+
+def _each(
+    found: Callable[[dace.SDFG, Where, dict], list[nodes.Node]],
+) -> Callable[[dace.SDFG, Where, dict], list[Bound]]:
+    """Places of one node each, from what ``found`` lists."""
+    return lambda sdfg, where, options: [_bound([n]) for n in found(sdfg, where, options)]
+
+
+def _counted(places: Callable[[dace.SDFG, Where, dict], list[Bound]]) -> Callable[[dace.SDFG, Where, dict], int]:
     return lambda sdfg, where, options: len(places(sdfg, where, options))
 
 
@@ -133,7 +168,7 @@ register(
         before_autodiff=False,
         count=lambda sdfg, where, options: len(_onnx_nodes(sdfg, where)),
         run=_expand,
-        places=lambda sdfg, where, options: [(n.label,) for n in _onnx_nodes(sdfg, where)],
+        places=lambda sdfg, where, options: [_bound([n]) for n in _onnx_nodes(sdfg, where)],
     )
 )
 
@@ -179,9 +214,10 @@ def _with_scopes(state: dace.SDFGState, top: list[nodes.Node]) -> list[nodes.Nod
     return result
 
 
-def _outer_maps(group: StateSubgraphView) -> Place:
+def _outer_maps(group: StateSubgraphView) -> Bound:
+    """The group by its outermost maps' labels (what ``where`` takes), binding all its maps and arrays."""
     outer = [n for n in group.nodes() if isinstance(n, nodes.MapEntry) and group.graph.entry_node(n) is None]
-    return tuple(matching.label(n) for n in outer)
+    return Bound(tuple(matching.label(n) for n in outer), tuple(group.nodes()))
 
 
 def _subgraph_fusion(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
@@ -210,30 +246,34 @@ def _fused_copy(sdfg: dace.SDFG, where: Where) -> dace.SDFG:
     return fused
 
 
-def _tasklet_places(sdfg: dace.SDFG, where: Where, options: dict) -> list[Place]:
+def _tasklet_places(sdfg: dace.SDFG, where: Where, options: dict) -> list[Bound]:
     """Each pair of tasklets it would merge, named by the two tasklets and the arrays between their maps: what
-    restricts both the map fusion that comes first and the merge to this pair."""
+    restricts both the map fusion that comes first and the merge to this pair. Its nodes are those of ``sdfg``:
+    the two tasklets (the fused copy keeps their guids) and the arrays between them."""
     fused = _fused_copy(sdfg, where)
     pairs = [dace_internals.pattern_nodes(m) for m in matching.matches(TaskletFusion, fused, where, options)]
     found = []
     for pair in pairs:
-        tasklets = {n.label for n in pair if isinstance(n, nodes.Tasklet)}
-        found.append(tuple(sorted(tasklets | _between(sdfg, tasklets))))
+        guids = {n.guid for n in pair if isinstance(n, nodes.Tasklet)}
+        tasklets = [n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.Tasklet) and n.guid in guids]
+        between = _between(sdfg, tasklets)
+        labels = {n.label for n in pair if isinstance(n, nodes.Tasklet)} | {n.data for n in between}
+        found.append(Bound(tuple(sorted(labels)), (*tasklets, *between)))
     return found
 
 
-def _between(sdfg: dace.SDFG, tasklets: set[str]) -> set[str]:
-    """The arrays that pass from the map of one of ``tasklets`` into the map of another (in ``sdfg``, before the
-    maps are fused)."""
-    arrays = set()
+def _between(sdfg: dace.SDFG, tasklets: list[nodes.Tasklet]) -> list[nodes.AccessNode]:
+    """The access nodes that pass from the map of one of ``tasklets`` into the map of another (in ``sdfg``,
+    before the maps are fused)."""
+    arrays = []
     for state in sdfg.states():
-        entries = {state.entry_node(n) for n in state.nodes() if isinstance(n, nodes.Tasklet) and n.label in tasklets}
+        entries = {state.entry_node(n) for n in state.nodes() if isinstance(n, nodes.Tasklet) and n in tasklets}
         entries.discard(None)
         exits = {state.exit_node(e) for e in entries}
         for node in state.data_nodes():
             into = any(e.dst in entries for e in state.out_edges(node))
             if into and any(e.src in exits for e in state.in_edges(node)):
-                arrays.add(node.data)
+                arrays.append(node)
     return arrays
 
 
@@ -266,7 +306,7 @@ register(
         before_autodiff=False,
         count=vectorize.count,
         run=lambda sdfg, where, options, device: vectorize.apply(sdfg, where, options),
-        places=vectorize.places,
+        places=_each(vectorize.places),
         # DaCe's CUDA vector types have no math functions (abs, exp of a float4 do not compile), and CUDA kernels
         # already load whole warps' rows at once
         devices=("cpu",),
@@ -284,7 +324,7 @@ register(
         before_autodiff=False,
         count=algebra.count,
         run=lambda sdfg, where, options, device: algebra.apply(sdfg, where, options),
-        places=algebra.places,
+        places=_each(algebra.places),
         why_not=algebra.reasons,
     )
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 
 import dace
+from dace.sdfg import nodes
 from dace.transformation import PatternTransformation
 from dace.transformation.dataflow import Vectorization
 
@@ -127,9 +128,9 @@ def count(sdfg: dace.SDFG, where: Where, options: dict) -> int:
     return sum(1 for _ in _vectorizable(sdfg, where, options))
 
 
-def places(sdfg: dace.SDFG, where: Where, options: dict) -> list[tuple[str, ...]]:
-    """The maps it would vectorize, each as its label."""
-    return [(matching.label(match.map_entry),) for match in _vectorizable(sdfg, where, options)]
+def places(sdfg: dace.SDFG, where: Where, options: dict) -> list[nodes.MapEntry]:
+    """The maps it would vectorize, each by its entry."""
+    return [match.map_entry for match in _vectorizable(sdfg, where, options)]
 
 
 def apply(sdfg: dace.SDFG, where: Where, options: dict) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +21,10 @@ import ipywidgets
 import traitlets
 from IPython.display import update_display
 
-from . import graph, names, overlays, profile, render, sources
+from . import graph, overlays, profile, render, sources, steps
 from .cuda_check import PENDING, CudaBuild
 from .errors import DcnbError
-from .record import tabulate_history, tabulate_timings
+from .record import tabulate_timings
 from .session import Session
 from .version import VERSION
 
@@ -82,7 +81,8 @@ class SessionWidget(ipywidgets.DOMWidget):
         sync=True
     )
     matches = traitlets.Dict(
-        help="action name -> where it applies, place by place: side, the nodes' labels and readable names"
+        help="action name -> where it applies, place by place: side, the nodes' labels and readable names, and "
+        "the guids of the nodes it binds in the current picture of that side (what the view highlights)"
     ).tag(sync=True)
     selection = traitlets.List(traitlets.Unicode(), help="node labels chosen in the view; narrows `where`").tag(
         sync=True
@@ -119,12 +119,9 @@ class SessionWidget(ipywidgets.DOMWidget):
         #: the step drawn, where the user asked for one other than the current
         self._shown: int | None = None
         #: action name -> its places now, as ``matches`` lists them
-        self._places: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-        #: a step's compiled forward SDFG -> its static metrics per side (overlays.of), for the steps inspected so
-        #: far (by SDFG, not index: an index is used again after an undo)
-        self._metrics: weakref.WeakKeyDictionary[dace.SDFG, dict[str, Any]] = weakref.WeakKeyDictionary()
-        #: the compiled forward SDFG of the step profiled last, and what profile.run measured
-        self._profiled: tuple[dace.SDFG, dict[str, Any]] | None = None
+        self._places: dict[str, list[steps.Place]] = {}
+        #: the compiled forward SDFG of the step profiled last (``profile.table`` reads what was measured of it)
+        self._profiled: dace.SDFG | None = None
         self.on_msg(self._on_msg)
         self.refresh()
 
@@ -135,18 +132,18 @@ class SessionWidget(ipywidgets.DOMWidget):
         if self._shown is not None and not self._is_good(self._shown):
             self._shown = None  # undone or reset away
         shown = s.current.index if self._shown is None else self._shown
-        good = [s.compiled_sdfgs(step.index)[0] for step in s.history if step.ok and self._is_good(step.index)]
-        if self._profiled is not None and not any(self._profiled[0] is sdfg for sdfg in good):
-            self._profiled = None  # its step was undone or reset away
+        good = [step.index for step in s.history if step.ok and self._is_good(step.index)]
+        by_sdfg = {id(s.compiled_sdfgs(index)[0]): index for index in good}
+        profiled = by_sdfg.get(id(self._profiled))  # None: its step was undone or reset away
         with self.hold_sync():
-            self.profile = {} if self._profiled is None else self.profile
+            self.profile = (profile.table(s, profiled) or {}) if profiled is not None else {}
             self.title = s.as_text().splitlines()[0].removeprefix("dcnb session: ")
             self.shown = shown
             self.graphs, self.before = self._pictures(shown)
-            self.sources = self._sources(shown) if s.compiled_sdfgs(shown)[0] in self._metrics else {}
+            self.sources = self._sources(shown) if overlays.known(s, shown) is not None else {}
             self.steps = self._steps()
             self.current = s.current.index
-            self.history = tabulate_history(s.history, s.current.index).to_dict()
+            self.history = render.history(s).to_dict()
             self.recipe = json.dumps(s.recipe)
             self._refresh_actions()
         for step in s.history:
@@ -179,16 +176,10 @@ class SessionWidget(ipywidgets.DOMWidget):
 
     def _measured(self, index: int) -> dict[str, dict[str, dict]]:
         """Side -> node guid -> bytes, FLOPs and intensity of step ``index``'s nodes, with the milliseconds where
-        it was the step profiled last; the static numbers only for a step inspected (small graphs always are)."""
-        key = self.session.compiled_sdfgs(index)[0]
-        if key not in self._metrics and self._small(index):
-            self._metrics[key] = overlays.of(self.session, index)
-        static = self._metrics[key] if key in self._metrics else {}
-        found = {side: {guid: dict(m) for guid, m in (static.get(side) or {}).items()} for side in SIDES}
-        if self._profiled is not None and self._profiled[0] is key:
-            for kernel in self._profiled[1]["kernels"]:
-                found[kernel["side"]].setdefault(kernel["guid"], {})["ms"] = kernel["ms"]
-        return found
+        it was profiled; the static numbers only for a step inspected (small graphs always are)."""
+        if self._small(index):
+            overlays.of(self.session, index)
+        return overlays.measured(self.session, index)
 
     def _sources(self, index: int) -> dict[str, Any]:
         """Step ``index``'s generated code, or none where its build folder is gone (a cache cleared meanwhile)."""
@@ -206,7 +197,12 @@ class SessionWidget(ipywidgets.DOMWidget):
 
     def _steps(self) -> list[dict[str, Any]]:
         return [
-            dict(step.to_dict(), title=step.title, log=step.log, timing=tabulate_timings(step.timings).to_dict())
+            dict(
+                step.to_dict(),
+                title=render.titled(step).title,
+                log=step.log,
+                timing=tabulate_timings(step.timings).to_dict(),
+            )
             for step in self.session.history
         ]
 
@@ -237,8 +233,13 @@ class SessionWidget(ipywidgets.DOMWidget):
         self._places = {a.name: list(a.at) for a in offers if a.at}
         self.matches = {
             name: [
-                {"side": side, "labels": list(labels), "names": [names.get(x, x) for x in labels]}
-                for side, labels in at
+                {
+                    "side": place.side,
+                    "labels": list(place.labels),
+                    "names": [names.get(x, x) for x in place.labels],
+                    "guids": list(place.guids),
+                }
+                for place in at
             ]
             for name, at in self._places.items()
         }
@@ -294,9 +295,9 @@ class SessionWidget(ipywidgets.DOMWidget):
             places = self._places.get(name, [])
             if not isinstance(match, int) or not 0 <= match < len(places):
                 raise DcnbError(f"{name} has no match {match!r} now (it matches {len(places)} place(s))")
-            where = list(places[match][1])
+            where = list(places[match].labels)
         self.busy = f"applying {name}"
-        step = self.session.apply(name, where=where)
+        step = render.titled(self.session.apply(name, where=where))
         if step.ok:
             return f"step {step.index}: {step.title} applied at {step.applied} place(s)"
         return f"step {step.index}: {step.title} failed: {step.error}"
@@ -305,9 +306,7 @@ class SessionWidget(ipywidgets.DOMWidget):
         """Work out the shown step's generated code and its nodes' bytes, FLOPs and intensity."""
         self.busy = "reading the generated code and counting bytes and FLOPs"
         shown = self.shown
-        key = self.session.compiled_sdfgs(shown)[0]
-        if key not in self._metrics:
-            self._metrics[key] = overlays.of(self.session, shown)
+        overlays.of(self.session, shown)
         return f"step {shown}: the code and the bytes and FLOPs of each node are shown"
 
     def run_profile(self) -> str:
@@ -315,24 +314,12 @@ class SessionWidget(ipywidgets.DOMWidget):
         eager's profile; the step's own timing stays as it was measured."""
         self.busy = "profiling: an instrumented build, timed"
         index = self.session.current.index
-        measured = profile.run(self.session)
-        self._profiled = (self.session.forward_sdfg, measured)
+        profile.run(self.session)
+        # the table (its kernels by the names the graphs draw) and the pictures come with the refresh after this
+        self._profiled = self.session.forward_sdfg
         self._shown = None
-        drawn = {
-            node["guid"]: node.get("name", node["label"])
-            for picture in map(graph.describe, self.session.compiled_sdfgs())
-            if picture is not None
-            for node in graph.all_nodes(picture)
-        }
-        self.profile = {
-            "step": index,
-            # by the names the graph shows them with
-            "rows": [dict(k, name=drawn.get(k["guid"]) or names.readable(k["name"])) for k in measured["kernels"]],
-            "eager": measured["torch"],
-            "step_ms": measured["step_ms"],
-            "torch_ms": measured["torch_ms"],
-        }
-        top = self.profile["rows"][0] if self.profile["rows"] else None
+        measured = profile.table(self.session)
+        top = measured["rows"][0] if measured["rows"] else None
         where = f"; the slowest: {top['name']} ({top['ms']:.3g} ms, {top['share']:.0%})" if top else ""
         return f"step {index} profiled: {measured['step_ms']:.3g} ms per call instrumented{where}"
 

@@ -1,7 +1,10 @@
 """The magic and the widget over real sessions: builds, requests from the view, the recipe, the static view."""
 
+import base64
+import html
 import json
 import os
+import pathlib
 import re
 import signal
 import threading
@@ -94,6 +97,19 @@ def test_the_widget_mirrors_the_session_and_answers_requests(session, tmp_path, 
     assert [s["name"] for s in w.steps] == ["naive"]
 
 
+def _heat(page: str, metric: str) -> bool:
+    """Whether a graph of the static ``page`` fills nodes with heat colours, ``metric`` in their tooltips."""
+    svgs = [base64.b64decode(m).decode() for m in re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", page)]
+    pathlib.Path(f"/tmp/dcnb-static-{metric}.html").write_text(page)  # (to look at)
+    fills = [bytes.fromhex(f) for svg in svgs for f in re.findall(r'fill="#([0-9a-f]{6})"', svg)]
+    # yellow to dark red (render.HEAT_COLOURS), which no node's plain fill is
+    heated = [(r, g, b) for r, g, b in fills if r >= 0xBD and r >= g >= b and b <= 0xB2]
+    tooltips = any(re.search(rf'xlink:title="[^"]*{metric} \d', svg) for svg in svgs)
+    # (an image shows no tooltips: the hottest nodes' numbers are listed under it)
+    listed = re.search(rf"<ul class='dcnb-hottest'[^>]*><li>[^<]*: [^<]*{metric} \d", page)
+    return bool(heated) and tooltips and bool(listed)
+
+
 def _children() -> list[int]:
     """This process's children that still run."""
     return processes.live(processes.PPID, os.getpid())
@@ -106,6 +122,11 @@ def test_one_match_a_step_against_its_parent_code_profile_and_cancel(fresh_cache
     w = SessionWidget(session, progress=progress)
     places = w.matches["map_fusion"]
     assert len(places) >= 2 and all(p["side"] in ("forward", "backward") and p["labels"] for p in places)
+    # each place marks the nodes it binds in the picture drawn now (what the view highlights on hover)
+    for p in places:
+        drawn = {n["guid"]: n for n in graph.all_nodes(w.graphs[p["side"]])}
+        assert p["guids"] and set(p["guids"]) <= set(drawn), p
+        assert {drawn[g]["label"] for g in p["guids"]} >= set(p["labels"]), p
 
     # one match: applied there only, and the recipe names where
     _request(w, event="apply", name="map_fusion", match=1)
@@ -132,11 +153,23 @@ def test_one_match_a_step_against_its_parent_code_profile_and_cancel(fresh_cache
     assert w.current == 2 and w.sources == {} and "metrics" not in json.dumps(w.graphs)
     _request(w, event="inspect")
     assert w.sources["forward"]["nodes"] and "metrics" in json.dumps(w.graphs)
-    # a profile: each kernel's time, in the table and on the nodes of the graph
-    _request(w, event="profile")
+    # the saved rendering shows what the widget worked out: bytes as a heat colouring, the numbers as tooltips
+    page = w._repr_mimebundle_()["text/html"]
+    assert _heat(page, "bytes") and "dcnb-kernels" not in page
+    # a profile: each kernel's time, in the table and on the nodes of the graph (the pictures drawn once)
+    described = []
+    with monkeypatch.context() as spied:  # (undoing ``monkeypatch`` itself would undo fresh_cache's DCNB_CACHE too)
+        spied.setattr(graph, "describe", lambda *a, _d=graph.describe, **k: described.append(a) or _d(*a, **k))
+        _request(w, event="profile")
+    assert len(described) == 4, "the step's two pictures and the two of the step it was made from, once each"
     assert w.profile["step"] == 2 and w.profile["rows"] and w.profile["eager"], w.message
     timed = {n["guid"] for n in graph.all_nodes(w.graphs["forward"]) if "ms" in n.get("metrics", {})}
     assert timed and timed <= {row["guid"] for row in w.profile["rows"]}
+    # and in the saved rendering: the kernels table as the widget names them, the graph coloured by time
+    page = w._repr_mimebundle_()["text/html"]
+    kernels = re.search(r"<table class='[^']*dcnb-kernels.*?</table>", page, re.DOTALL)
+    assert kernels and all(f">{html.escape(r['name'])}<" in kernels[0] for r in w.profile["rows"][:10])
+    assert "dcnb-eager" in page and _heat(page, "time")
     _request(w, event="undo")
     assert w.profile == {} and w.current == 1
 

@@ -9,13 +9,14 @@ import shutil
 import dace
 import pytest
 import torch
+from dace.codegen import codegen
 from dace.config import Config, temporary_config
 from dace.sdfg import nodes
 from models import Mish
 from zoo import CASES
 
 import dcnb
-from dcnb._src import build, sources
+from dcnb._src import build, overlays, sources
 
 pytestmark = pytest.mark.compile
 
@@ -63,6 +64,22 @@ def test_the_fused_mish_tasklet_and_its_map_point_at_their_code(fused_mish):
 def test_the_same_sdfg_is_worked_out_once(fused_mish):
     forward = fused_mish.forward_sdfg
     assert sources.generated(forward) is sources.generated(forward)
+
+
+def test_the_overlays_count_library_nodes_on_the_copy_the_code_is_read_from(monkeypatch):
+    # expanding a transformer layer's library nodes takes seconds: the code view and the overlays share it
+    session = dcnb.optimize(torch.nn.LayerNorm(6), torch.rand(3, 7, 6), baselines=(), time_budget=0.0)
+    forward = session.forward_sdfg
+    assert any(isinstance(n, nodes.LibraryNode) for n, _ in forward.all_nodes_recursive())
+    generated, own = [], []
+    real = codegen.generate_code
+    monkeypatch.setattr(codegen, "generate_code", lambda sdfg, **k: generated.append(sdfg) or real(sdfg, **k))
+    monkeypatch.setattr(overlays, "_expand_unknown", lambda sdfg: own.append(sdfg))
+    found = overlays.of(session)
+    code = sources.of(session)
+    assert len(generated) == 2 and own == []  # once per SDFG, for both views
+    library = [n.guid for n, _ in forward.all_nodes_recursive() if isinstance(n, nodes.LibraryNode)]
+    assert all("flops" in found["forward"][g] for g in library) and all(g in code["forward"]["nodes"] for g in library)
 
 
 def _every_node_points_at_its_code(session: dcnb.Session) -> None:

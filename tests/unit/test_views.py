@@ -1,6 +1,7 @@
 """The pictures and the static rendering, on small SDFGs built by hand: no compiler needed."""
 
 import base64
+import collections
 import copy
 import json
 import pathlib
@@ -10,13 +11,14 @@ import subprocess
 from html.parser import HTMLParser
 
 import dace
+import networkx as nx
 import pytest
 from dace.libraries.onnx.converters import clean_onnx_name
 from dace.sdfg import nodes
 from dace.transformation.dataflow import MapFusion, TaskletFusion
 
 import dcnb
-from dcnb._src import graph, record, render, widget
+from dcnb._src import graph, record, render, steps, widget
 from dcnb._src.record import Step
 from dcnb._src.timing import Timing
 from dcnb._src.verify import Check
@@ -167,10 +169,10 @@ def test_a_step_s_changes_are_marked_against_the_sdfg_it_was_made_from():
     assert merged.apply_transformations_repeated(TaskletFusion) == 2  # each op with its assignment
     picture = graph.describe(merged, before=fused)
     tasklets = [n for n in graph.all_nodes(picture) if n["kind"] == graph.TASKLET]
-    assert sorted(n["name"] for n in tasklets) == ["Add ∘ assign_45_8", "Mult ∘ assign_43_8"]
+    assert sorted(n["name"] for n in tasklets) == ["Add ∘ assign_47_8", "Mult ∘ assign_45_8"]
     assert all(n["change"] == graph.ADDED and n["guid"] not in old_guids for n in tasklets)
     assert sorted(r["name"] for r in picture["removed"] if r["kind"] == graph.TASKLET) == [
-        "Add", "Mult", "assign_43_8", "assign_45_8"
+        "Add", "Mult", "assign_45_8", "assign_47_8"
     ]
 
     edited = copy.deepcopy(merged)
@@ -403,3 +405,69 @@ def test_view_code(tmp_path):
     done = subprocess.run([npm, "test", "--silent"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"# fail 0", done.stdout)
+
+
+def twin_chains_sdfg() -> dace.SDFG:
+    """Two chains ``y = x * 2 + 1`` and ``w = z * 2 + 1`` whose tasklets share their labels (as ONNX expansions'
+    ``_Mul_`` and ``_Add_`` do), each a map into a transient and a map out of it."""
+    sdfg = dace.SDFG("twins")
+    for name in ("x", "y", "z", "w"):
+        sdfg.add_array(name, [4, 8], dace.float32)
+    state = sdfg.add_state()
+    for source, between, target in (("x", "t", "y"), ("z", "u", "w")):
+        sdfg.add_transient(between, [4, 8], dace.float32)
+        middle = state.add_access(between)
+        for label, src, dst, code in (("_Mul_", source, between, "b = a * 2"), ("_Add_", between, target, "b = a + 1")):
+            state.add_mapped_tasklet(
+                label,
+                {"i": "0:4", "j": "0:8"},
+                {"a": dace.Memlet(f"{src}[i, j]")},
+                code,
+                {"b": dace.Memlet(f"{dst}[i, j]")},
+                external_edges=True,
+                input_nodes={between: middle} if src == between else None,
+                output_nodes={between: middle} if dst == between else None,
+            )
+    sdfg.validate()
+    return sdfg
+
+
+def test_a_place_names_the_nodes_it_binds_by_guid_where_labels_repeat():
+    searched = twin_chains_sdfg()
+    shown = copy.deepcopy(searched)  # as the build passes draw a copy: its access nodes have new guids
+    drawn = graph.counterparts(searched, shown)
+    labels = collections.Counter(n["label"] for n in graph.all_nodes(graph.describe(shown)))
+    (state,) = shown.states()
+    chain = {node.guid: i for i, part in enumerate(nx.weakly_connected_components(state.nx)) for node in part}
+    assert labels["_Add_"] == 2  # the label alone names both chains' tasklets
+
+    for action, kinds in (("map_fusion", 3), ("tasklet_fusion", 3)):
+        places = steps.get(action).places(searched, None, {})
+        guids = [[drawn[n] for n in place.nodes] for place in places]
+        # a place binds nodes of one chain only, both chains have one, and they share labels the view cannot
+        # tell apart (the maps' or the tasklets')
+        assert [len(set(g)) for g in guids] == [kinds, kinds], action
+        assert sorted(len({chain[g] for g in bound}) for bound in guids) == [1, 1], action
+        assert {chain[bound[0]] for bound in guids} == {0, 1}, action
+        shared = [{graph.label(n) for n in place.nodes if labels[graph.label(n)] >= 2} for place in places]
+        assert shared[0] and shared[0] == shared[1], action
+        # applying still goes by labels: each place's name for itself tells the chains apart by their arrays
+        assert [set(p.labels) & {"t", "u"} for p in places] in ([{"t"}, {"u"}], [{"u"}, {"t"}]), action
+
+
+def test_a_step_applied_at_labels_is_titled_by_readable_names(monkeypatch):
+    raw = (clean_onnx_name("/ln1/Mul") + "_map", clean_onnx_name("ln1.weight"))
+    naive = Step(0, "naive", {}, None, ok=True)
+    fused = Step(1, "map_fusion", {}, raw, ok=True)
+    failed = Step(2, "vectorization", {}, raw[1:], ok=False, error="vectorization matches nothing")
+    session = _Shown([naive, fused, failed])
+    monkeypatch.setattr(widget, "INSPECT_AT_ONCE", -1)
+    w = widget.SessionWidget(session)
+    titles = ["naive", "map_fusion (where ln1 · Mul, ln1.weight)", "vectorization (where ln1.weight)"]
+    assert [s["title"] for s in w.steps] == titles
+    assert [row["cells"][1] for row in w.history["rows"]] == titles
+    page = w._repr_mimebundle_()["text/html"]
+    assert [row[1] for row in _Tables(page).rows("history")[1:]] == titles
+    assert "step 2: vectorization (where ln1.weight) failed" in page and raw[1] not in page
+    # DaCe's labels stay where they are applied from: the step's details and the recipe
+    assert [s["where"] for s in w.steps] == [None, list(raw), [raw[1]]] and fused.where == raw
