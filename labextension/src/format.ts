@@ -111,6 +111,8 @@ export interface MatchData {
   side: 'forward' | 'backward';
   labels: string[];
   names: string[];
+  // the guids of the place's nodes (the pictures' `guid`): two nodes of one label are two places
+  guids?: string[];
 }
 
 // A share of the total time (a fraction) as a percentage.

@@ -13,6 +13,8 @@ import {
   NodeTree,
   nodeTree,
   Picture,
+  PlaceNodes,
+  placeIds,
   PlacedEdge,
   PlacedNode,
   PlacedScope,
@@ -34,6 +36,8 @@ export interface GraphViewOptions {
 
 // the most removed nodes the line under the graph names (its tooltip names them all)
 const REMOVED_SHOWN = 12;
+// how long the wheel rests before the SVG is drawn at the scale it zoomed to
+export const ZOOM_REST_MS = 150;
 
 // One SDFG: pan (drag), zoom (wheel), click a node for its details (shift-click adds to the selection),
 // click a map's or nested SDFG's [-]/[+] to collapse or expand it.
@@ -53,11 +57,14 @@ export class GraphView {
   private laying = false;
   private collapsed = new Set<string>();
   private selected = new Set<string>();
-  private highlighted = new Set<string>();
+  private highlighted: PlaceNodes | null = null;
   private overlay: Overlay | null = null;
   // each drawn node's group by node id (open nested SDFGs included), for re-marking without a redraw
   private shapes = new Map<string, SVGGElement>();
   private view = { x: 0, y: 0, scale: 1 };
+  // the view the SVG is drawn at; a wheel zoom first only scales that picture (see onWheel)
+  private drawnView = { x: 0, y: 0, scale: 1 };
+  private zoomTimer: ReturnType<typeof setTimeout> | null = null;
   // a fit asked for while the canvas had no size (not attached yet, or hidden): done once it has one
   private fitPending = false;
   // the node to centre once the layout under way is drawn
@@ -101,6 +108,7 @@ export class GraphView {
     window.removeEventListener('mousemove', this.onMouseMove);
     window.removeEventListener('mouseup', this.onMouseUp);
     this.resizes?.disconnect();
+    this.stopZoomTimer();
     ++this.drawn; // a layout still under way draws nothing
   }
 
@@ -136,10 +144,9 @@ export class GraphView {
     this.mark();
   }
 
-  // Mark the nodes with these labels (the places an action would apply to); a node inside a collapsed scope
-  // marks the scope.
-  highlight(labels: string[]): void {
-    this.highlighted = new Set(labels);
+  // Mark a place's nodes (where an action would apply), or none; a node inside a collapsed scope marks the scope.
+  highlight(place: PlaceNodes | null): void {
+    this.highlighted = place;
     this.mark();
   }
 
@@ -379,6 +386,9 @@ export class GraphView {
     g.dataset.id = node.id;
     g.dataset.label = node.label;
     g.dataset.name = displayName(node);
+    if (node.guid) {
+      g.dataset.guid = node.guid;
+    }
     if (node.change) {
       g.classList.toggle(`dcnb-${node.change}`, true);
     }
@@ -440,11 +450,11 @@ export class GraphView {
     const tree = this.tree;
     const lit = new Set<string>();
     const changedInside = new Set<string>();
+    if (tree && this.highlighted) {
+      placeIds(tree, this.highlighted).forEach(id => lit.add(shownAs(tree, id, this.collapsed)));
+    }
     for (const node of tree?.byId.values() ?? []) {
       const shown = () => shownAs(tree!, node.id, this.collapsed);
-      if (this.highlighted.has(node.label)) {
-        lit.add(shown());
-      }
       if (node.change && shown() !== node.id) {
         changedInside.add(shown());
       }
@@ -558,16 +568,36 @@ export class GraphView {
     );
   }
 
+  // A wheel turn scales the picture already painted (a CSS transform of the canvas, which the browser composites
+  // without painting again) and draws the SVG at the new scale once the wheel rests: drawing a ResNet-18's
+  // backward at a new scale took 130-150 ms a frame in headless Chromium (benchmarks/view.py), a pan 16-36 ms.
   private onWheel(e: WheelEvent): void {
     e.preventDefault();
     const box = this.canvas.getBoundingClientRect();
-    const mx = e.clientX - box.left;
-    const my = e.clientY - box.top;
+    // (the box as laid out: the preview's transform moves and scales what getBoundingClientRect reports)
+    const k0 = this.view.scale / this.drawnView.scale;
+    const left = box.left - (this.view.x - this.drawnView.x * k0);
+    const top = box.top - (this.view.y - this.drawnView.y * k0);
+    const mx = e.clientX - left;
+    const my = e.clientY - top;
     const factor = Math.exp(-e.deltaY * 0.0015);
     const scale = Math.min(8, Math.max(0.02, this.view.scale * factor));
     const k = scale / this.view.scale;
     this.view = { scale, x: mx - (mx - this.view.x) * k, y: my - (my - this.view.y) * k };
-    this.applyView();
+    const z = this.view.scale / this.drawnView.scale;
+    const tx = this.view.x - this.drawnView.x * z;
+    const ty = this.view.y - this.drawnView.y * z;
+    this.canvas.style.transformOrigin = '0 0';
+    this.canvas.style.transform = `translate(${tx.toFixed(1)}px, ${ty.toFixed(1)}px) scale(${z.toFixed(4)})`;
+    this.stopZoomTimer();
+    this.zoomTimer = setTimeout(() => this.applyView(), ZOOM_REST_MS);
+  }
+
+  private stopZoomTimer(): void {
+    if (this.zoomTimer !== null) {
+      clearTimeout(this.zoomTimer);
+      this.zoomTimer = null;
+    }
   }
 
   private onDrag(e: MouseEvent): void {
@@ -586,6 +616,9 @@ export class GraphView {
   }
 
   private applyView(): void {
+    this.stopZoomTimer();
+    this.drawnView = this.view;
+    this.canvas.style.transform = '';
     this.root.setAttribute('transform', `translate(${this.view.x.toFixed(1)} ${this.view.y.toFixed(1)}) scale(${this.view.scale.toFixed(4)})`);
   }
 }

@@ -232,6 +232,21 @@ export function shownAs(tree: NodeTree, id: string, collapsed: Set<string>): str
   return shown;
 }
 
+// A place an action would apply at, as the kernel names its nodes: by guid, or (a kernel that sends no guids) by
+// label, which also names every other node of the same label.
+export interface PlaceNodes {
+  labels: string[];
+  guids?: string[];
+}
+
+// The ids of a place's nodes in a picture (nested SDFGs included).
+export function placeIds(tree: NodeTree, place: PlaceNodes): string[] {
+  const [key, wanted] = place.guids
+    ? [(n: NodeData) => n.guid, new Set(place.guids)]
+    : [(n: NodeData) => n.label, new Set(place.labels)];
+  return [...tree.byId.values()].filter(n => wanted.has(key(n) ?? '')).map(n => n.id);
+}
+
 // The containers a picture opens with collapsed: none where it has at most `collapse_above` nodes; else they open
 // from the outside in, each while the nodes shown stay within that many, so that a picture whose work sits in
 // nested SDFGs (DaCe's auto_optimize makes them) still opens on that work rather than on one closed box.

@@ -1,6 +1,7 @@
 // Laying out pictures without blocking the notebook: large ones in a worker (layout.worker.ts), small ones here,
 // where a worker would cost more than it saves.
-import { countNodes, GraphData, Layout, layoutGraph } from './layout';
+import { countNodes, defaultCollapsed, GraphData, Layout, layoutGraph, Picture } from './layout';
+import { LayoutCache } from './layoutcache';
 
 // above this many nodes the layout runs in a worker (dagre takes about a second per thousand nodes)
 export const WORKER_ABOVE = 400;
@@ -48,4 +49,19 @@ export function layoutAsync(graph: GraphData, collapsed: Set<string>): Promise<L
     w.postMessage({ id, graph, collapsed: [...collapsed] });
   });
   return laidOut.catch(() => layoutGraph(graph, collapsed));
+}
+
+const cache = new LayoutCache(layoutAsync);
+
+// Lay out a picture, or find the layout made of it before with the same scopes collapsed.
+export function layoutCached(graph: GraphData, collapsed: Set<string>): Promise<Layout> {
+  return cache.get(graph, collapsed);
+}
+
+// Lay out a large picture as it opens, in the worker, before it is shown (the backward while the forward is): a
+// small one is laid out quickly enough when it is shown, and here it would hold up the notebook.
+export function layoutAhead(picture: Picture): void {
+  if (countNodes(picture) > WORKER_ABOVE && layoutWorker()) {
+    void layoutCached(picture, defaultCollapsed(picture));
+  }
 }

@@ -8,7 +8,7 @@ import { Panel, Widget } from '@lumino/widgets';
 import { el } from './dom';
 import { GraphView } from './graphview';
 import { Picture } from './layout';
-import { layoutAsync } from './layoutclient';
+import { layoutCached } from './layoutclient';
 
 export const SESSION_MIME = 'application/vnd.dcnb.session+json';
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
@@ -141,7 +141,7 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
 // Forward / Backward tabs over a graph view: what a reader without the kernel can still explore. Disposed with
 // the renderer (a Panel disposes its widgets), which takes the view's window listeners away.
 class KernelFreeGraphs extends Widget {
-  private readonly view = new GraphView({ onSelect: () => undefined, layout: layoutAsync });
+  private readonly view = new GraphView({ onSelect: () => undefined, layout: layoutCached });
 
   constructor(graphs: Record<string, Picture | null>) {
     super({ node: el('div', 'dcnb-session dcnb-kernel-free') });

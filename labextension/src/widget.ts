@@ -19,7 +19,7 @@ import {
 } from './format';
 import { GraphView } from './graphview';
 import { displayName, NodeData, Picture } from './layout';
-import { layoutAsync } from './layoutclient';
+import { layoutAhead, layoutCached } from './layoutclient';
 import { Overlay, OVERLAYS } from './overlay';
 import { drawTable, TableData } from './tables';
 import { MODULE_NAME, MODULE_VERSION } from './version';
@@ -111,7 +111,7 @@ export class SessionView extends DOMWidgetView {
         this.detailed = node;
         this.renderCode();
       },
-      layout: layoutAsync
+      layout: layoutCached
     });
     this.codeView = new CodeView();
     this.whereLine = el('div', 'dcnb-where');
@@ -258,6 +258,11 @@ export class SessionView extends DOMWidgetView {
     const graphs = this.model.get('graphs') as Graphs;
     this.tabs.backward.disabled = !graphs.backward;
     this.graphView.setGraph(this.picture(), this.model.get('selection'), fresh);
+    // the other tab's picture, laid out while this one is looked at (the worker takes this one's first)
+    const other = graphs[this.tab === 'forward' ? 'backward' : 'forward'];
+    if (other && !this.previous) {
+      layoutAhead(other);
+    }
   }
 
   private hasBefore(): boolean {
@@ -400,8 +405,12 @@ export class SessionView extends DOMWidgetView {
       const names = place.names.length ? place.names : place.labels;
       const item = el('div', 'dcnb-match', names.join(', ') + (place.side === 'backward' ? ' (backward)' : ''));
       item.title = `apply ${name} here only (${place.side}: ${place.labels.join(', ')})`;
+      if (place.guids) {
+        // what the graph marks while the pointer is on the place (a browser test compares the two)
+        item.dataset.guids = place.guids.join(' ');
+      }
       item.addEventListener('mouseenter', () => this.preview(place));
-      item.addEventListener('mouseleave', () => this.graphView.highlight([]));
+      item.addEventListener('mouseleave', () => this.graphView.highlight(null));
       item.addEventListener('click', () => {
         this.closeMatches?.();
         this.send({ event: 'apply', name, match: index });
@@ -418,7 +427,7 @@ export class SessionView extends DOMWidgetView {
     this.closeMatches = () => {
       document.removeEventListener('mousedown', outside, true);
       list.remove();
-      this.graphView.highlight([]);
+      this.graphView.highlight(null);
       this.closeMatches = null;
     };
   }
@@ -426,7 +435,7 @@ export class SessionView extends DOMWidgetView {
   // Mark a place's nodes in the graph, on the tab of its side.
   private preview(place: MatchData): void {
     this.showSide(place.side);
-    this.graphView.highlight(place.labels);
+    this.graphView.highlight(place);
   }
 
   private renderSelection(): void {

@@ -20,45 +20,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory):
-    """JupyterLab serving a fresh folder; yields (base url, folder)."""
-    folder = tmp_path_factory.mktemp("lab")
-    home = tmp_path_factory.mktemp("lab-home")
+@contextlib.contextmanager
+def serve_lab(folder: pathlib.Path, home: pathlib.Path):
+    """JupyterLab serving `folder`, its settings and runtime files under `home`; yields its base url (also used by
+    benchmarks/view.py)."""
     # no "would you like news?" popup over the notebook
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
+    settings.mkdir(parents=True, exist_ok=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     port = _free_port()
     jupyter = pathlib.Path(sys.executable).parent / "jupyter"
-    log = open(home / "server.log", "w")
     env = dict(
         os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime")
     )
-    server = subprocess.Popen(
-        [
-            str(jupyter), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-            f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={folder}",
-            "--allow-root", "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
-            f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
-        ],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder,
-    )
-    base = f"http://127.0.0.1:{port}"
+    with open(home / "server.log", "w") as log:
+        server = subprocess.Popen(
+            [
+                str(jupyter), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+                f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={folder}",
+                "--allow-root", "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.extension_manager=readonly",
+                f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            _wait_for(base, server, home)
+            yield base
+        finally:
+            server.terminate()
+            server.wait(timeout=20)
+
+
+def _wait_for(base: str, server: subprocess.Popen, home: pathlib.Path) -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
             urllib.request.urlopen(f"{base}/api/status?token={TOKEN}", timeout=2)
-            break
+            return
         except OSError:
             if time.monotonic() > deadline or server.poll() is not None:
-                server.terminate()
                 raise RuntimeError("JupyterLab did not start:\n" + (home / "server.log").read_text()[-3000:])
             time.sleep(0.5)
-    yield base, folder
-    server.terminate()
-    server.wait(timeout=20)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """JupyterLab serving a fresh folder; yields (base url, folder)."""
+    folder = tmp_path_factory.mktemp("lab")
+    with serve_lab(folder, tmp_path_factory.mktemp("lab-home")) as base:
+        yield base, folder
 
 
 @pytest.fixture

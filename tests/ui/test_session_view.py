@@ -78,6 +78,17 @@ MARK_IN_VIEW = """panel => {
 }"""
 
 
+# The index of the first place in the open list whose nodes' labels other drawn nodes carry too (-1: none).
+SHARED_LABEL_PLACE = """(items, root) => {
+    const nodes = [...root.querySelectorAll('g.dcnb-node')];
+    return items.findIndex(item => {
+        const guids = (item.dataset.guids || '').split(' ').filter(Boolean);
+        const labels = new Set(nodes.filter(g => guids.includes(g.dataset.guid)).map(g => g.dataset.label));
+        return guids.length > 0 && nodes.filter(g => labels.has(g.dataset.label)).length > guids.length;
+    });
+}"""
+
+
 class Checks:
     """Checks that do not stop the test: each failure is kept, with its name, and reported at the end."""
 
@@ -149,14 +160,39 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
     block.screenshot(path=str(artifacts / "ui-prenorm-backward.png"))
     block.locator("button[data-tab=forward]").click()
 
+    # a place of one of two maps drawn with the same label ("Add"): hovering it marks that map only
+    def place_of_a_shared_label():
+        more = block.locator("button.dcnb-more[data-places=vectorization]")
+        more.click()
+        items = block.locator(".dcnb-match")
+        chosen = items.evaluate_all(SHARED_LABEL_PLACE, block.element_handle())
+        assert chosen >= 0, "no place of vectorization binds a label that other drawn nodes carry too"
+        place = items.nth(chosen)
+        place.hover()
+        lit = block.locator("g.dcnb-node.dcnb-highlight")
+        expect(lit.first).to_be_attached(timeout=30_000)
+        page.screenshot(path=str(artifacts / "ui-prenorm-place-shared-label.png"))
+        marked = lit.evaluate_all("gs => gs.map(g => g.dataset.guid)")
+        assert sorted(marked) == sorted(place.get_attribute("data-guids").split()), f"marked {marked}"
+        more.click()  # closes the list
+        expect(block.locator(".dcnb-matches")).to_have_count(0)
+
+    check("a place marks its own node among nodes of the same label", place_of_a_shared_label)
+
     # an action's places: hovering one marks its nodes, clicking it applies the action there (tasklet_fusion)
     def places():
         block.locator("button.dcnb-more[data-places=tasklet_fusion]").click()
         place = block.locator(".dcnb-match").first
         place.hover()
-        expect(block.locator(".dcnb-node.dcnb-highlight").first).to_be_attached(timeout=30_000)
+        lit = block.locator("g.dcnb-node.dcnb-highlight")
+        expect(lit.first).to_be_attached(timeout=30_000)
         # the page as it is: an element's screenshot scrolls, the pointer leaves the place and its marks go
         page.screenshot(path=str(artifacts / "ui-prenorm-places.png"))
+        # exactly the place's own nodes, each once (the block's pictures are small: no scope is collapsed)
+        guids = place.get_attribute("data-guids")
+        assert guids, "the place carries no guids (the kernel sends none in `matches`)"
+        marked = lit.evaluate_all("gs => gs.map(g => g.dataset.guid)")
+        assert sorted(marked) == sorted(guids.split()), f"marked {marked}, the place is {guids.split()}"
         place.click()
         expect(block.locator(".dcnb-matches")).to_have_count(0)
 

@@ -44,6 +44,15 @@ export class FakeElement extends FakeTarget {
     super();
   }
 
+  // laid out at the page's top left corner; as a browser does, the box is moved and scaled by a CSS transform
+  // (only `translate(Xpx, Ypx) scale(K)` about the top left corner, what the graph view sets)
+  getBoundingClientRect() {
+    const m = /translate\(([-\d.]+)px, ([-\d.]+)px\) scale\(([-\d.]+)\)/.exec(this.style.transform ?? '');
+    const [x, y, k] = m ? [Number(m[1]), Number(m[2]), Number(m[3])] : [0, 0, 1];
+    const [width, height] = [this.clientWidth * k, this.clientHeight * k];
+    return { left: x, top: y, right: x + width, bottom: y + height, width, height };
+  }
+
   get classList() {
     const names = () => new Set(this.className.split(' ').filter(Boolean));
     return {

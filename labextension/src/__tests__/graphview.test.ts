@@ -6,7 +6,7 @@ import * as assert from 'node:assert/strict';
 import { FakeElement, installFakeDom, resize } from './fakedom';
 import { fixture, graph, mapState, nestedPicture, node } from './pictures';
 import { CodeView, LINE_HEIGHT } from '../codeview';
-import { GraphView } from '../graphview';
+import { GraphView, ZOOM_REST_MS } from '../graphview';
 import { layoutGraph, NodeData, Picture, StateData } from '../layout';
 
 installFakeDom();
@@ -242,7 +242,7 @@ test("hovering a place highlights its nodes, or the collapsed scope that hides t
   const parts = makeView();
   parts.view.setGraph(nestedPicture(2), [], true);
   await settle();
-  parts.view.highlight(['s0n1.t', 's0n0']);
+  parts.view.highlight({ labels: ['s0n1.t', 's0n0'] });
   let shapes = drawn(parts.root);
   assert.ok(shapes.get('s0n1.t')!.classList.contains('dcnb-highlight'));
   assert.ok(shapes.get('s0n0')!.classList.contains('dcnb-highlight'));
@@ -251,8 +251,33 @@ test("hovering a place highlights its nodes, or the collapsed scope that hides t
   await settle();
   shapes = drawn(parts.root);
   assert.ok(shapes.get('s0n1.m0')!.classList.contains('dcnb-highlight'));
-  parts.view.highlight([]);
+  parts.view.highlight(null);
   assert.ok(!drawn(parts.root).get('s0n1.m0')!.classList.contains('dcnb-highlight'));
+  parts.view.dispose();
+});
+
+test('a place named by guids marks its own node, not the others of the same label', async () => {
+  const parts = makeView();
+  // two states of one map each: two tasklets labelled `_Add_`, told apart only by their guids
+  const states = [mapState('a', 1), mapState('b', 1)];
+  states.forEach((s, i) => {
+    const t = s.nodes.find(n => n.kind === 'tasklet')!;
+    t.label = '_Add_';
+    t.guid = `guid-${i}`;
+  });
+  const picture: Picture = { ...graph(states), collapse_above: 250 };
+  parts.view.setGraph(picture, [], true);
+  await settle();
+  const lit = () => all(parts.root).filter(e => e.dataset.id && e.classList.contains('dcnb-highlight')).map(e => e.dataset.id);
+  parts.view.highlight({ labels: ['_Add_'], guids: ['guid-1'] });
+  assert.deepEqual(lit(), ['bt']);
+  assert.equal(drawn(parts.root).get('bt')!.dataset.guid, 'guid-1');
+  // a kernel that sends no guids: the label names both
+  parts.view.highlight({ labels: ['_Add_'] });
+  assert.deepEqual(lit().sort(), ['at', 'bt']);
+  // a place whose guid the picture lacks marks nothing rather than falling back to its labels
+  parts.view.highlight({ labels: ['_Add_'], guids: ['elsewhere'] });
+  assert.deepEqual(lit(), []);
   parts.view.dispose();
 });
 
@@ -303,4 +328,29 @@ test('the code panel shows the whole source as text, the node lines marked and s
   code.hide();
   assert.equal(root.style.display, 'none');
   code.dispose();
+});
+
+test('a wheel zoom scales the painted canvas at once and draws the SVG at the new scale once the wheel rests', async () => {
+  const parts = makeView();
+  resize(parts.canvas, 900, 500);
+  parts.view.setGraph(nestedPicture(2), [], true);
+  await settle();
+  const before = transform(parts.root);
+  const wheel = { clientX: 450, clientY: 250, deltaY: -200, preventDefault: () => undefined };
+  parts.canvas.dispatch('wheel', wheel);
+  parts.canvas.dispatch('wheel', wheel);
+  assert.deepEqual(transform(parts.root), before);
+  const m = /translate\(([-\d.]+)px, ([-\d.]+)px\) scale\(([-\d.]+)\)/.exec(parts.canvas.style.transform);
+  assert.ok(m, `the canvas is scaled: ${parts.canvas.style.transform}`);
+  const zoom = Math.exp(2 * 200 * 0.0015);
+  assert.ok(Math.abs(Number(m[3]) - zoom) < 1e-3);
+  await new Promise(resolve => setTimeout(resolve, ZOOM_REST_MS + 50));
+  const after = transform(parts.root);
+  assert.equal(parts.canvas.style.transform, '');
+  assert.ok(Math.abs(after.scale - before.scale * zoom) < 1e-3 * after.scale);
+  // the point under the pointer stays where it was: what the preview showed is what is drawn
+  const under = (v: { x: number; y: number; scale: number }) => [(450 - v.x) / v.scale, (250 - v.y) / v.scale];
+  under(after).forEach((c, i) => assert.ok(Math.abs(c - under(before)[i]) < 0.5));
+  assert.ok(Math.abs(Number(m[1]) - (after.x - before.x * zoom)) < 0.5);
+  parts.view.dispose();
 });
