@@ -31,6 +31,17 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def transformer_session():
+    """The zoo's transformer layer at its naive step, one for the views' tests over a whole layer (its generated
+    code, its metrics): each works out the same expanded copy, which a session keeps for the other."""
+    import dcnb
+    from zoo import CASES
+
+    module, inputs = CASES["transformer"].build()
+    return dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0)
+
+
+@pytest.fixture(scope="session")
 def ip():
     """A real IPython shell with dcnb's extension loaded (the magic's tests)."""
     from IPython.testing.globalipapp import start_ipython

@@ -73,9 +73,9 @@ def test_a_matrix_product_counts_2mnk():
     assert "flops" not in loss and "intensity" not in loss and loss["bytes"] > 0
 
 
-def test_every_map_and_library_node_of_the_transformer_layer_has_its_metrics():
-    module, inputs = CASES["transformer"].build()
-    session = dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0)
+def test_every_map_and_library_node_of_the_transformer_layer_has_its_metrics(transformer_session):
+    session = transformer_session
+    module, inputs = CASES["transformer"].build()  # (the session's: its shapes, its heads)
     found = overlays.of(session)
     for sdfg, metrics in zip(session.compiled_sdfgs(), (found["forward"], found["backward"])):
         for node, _ in sdfg.all_nodes_recursive():

@@ -107,10 +107,9 @@ def test_every_node_of_the_mlp_points_at_its_code():
     _every_node_points_at_its_code(dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0))
 
 
-def test_every_node_of_the_transformer_layer_points_at_its_code():
+def test_every_node_of_the_transformer_layer_points_at_its_code(transformer_session):
     # the backward's two LayerNorm gradients are nested SDFGs of library nodes: the second calls the first's code
-    module, inputs = CASES["transformer"].build()
-    _every_node_points_at_its_code(dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0))
+    _every_node_points_at_its_code(transformer_session)
 
 
 def test_code_that_differs_from_the_build_gets_no_ranges(fused_mish, tmp_path):

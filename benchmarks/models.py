@@ -1,0 +1,179 @@
+"""The Hugging Face models (tests/hf_models.py) through dcnb, forward+backward: the naive step, ``auto_optimize`` and
+the best recipe found (benchmarks/recipes/<model>.json, replayable with ``dcnb.replay``), each against PyTorch eager
+and torch.compile in the step's own interleaved timing run, and how long each step took to make (export, autodiff,
+transformation, compile, check and timing together).
+
+    .venv/bin/python benchmarks/models.py --json                  # one JSON line per model
+    .venv/bin/python benchmarks/models.py --markdown              # the README's table
+    .venv/bin/python benchmarks/models.py --only bert_layer gpt2_block --batch 8
+
+``--batch K`` repeats every input K times along its batch dimension (the models' configs are tiny; a larger batch
+gives 2 cores enough work for the ratios to mean something). Each model runs in a process of its own, so that a
+crash in generated code costs one row, not the table. A model's best recipe is the file's steps where that file
+exists, else whichever of naive and ``auto_optimize`` was faster; ``--save-recipes`` writes the latter out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+import warnings
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+RECIPES = ROOT / "benchmarks" / "recipes"
+
+BASELINES = ("torch", "torch_compile")
+
+
+def _batched(value: Any, batch: int, rows: int) -> Any:
+    """``value`` repeated ``batch`` times along dimension 0 where that is the inputs' batch dimension (``rows``)."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows:
+        return value.repeat(batch, *([1] * (value.dim() - 1)))
+    return value
+
+
+def _step_row(prefix: str, step, seconds: float) -> dict[str, Any]:
+    row: dict[str, Any] = {f"{prefix}_ok": step.ok, f"{prefix}_step_s": round(seconds, 1)}
+    if not step.ok:
+        row[f"{prefix}_error"] = (step.error or "").splitlines()[0][:200]
+        return row
+    dcnb_ms = step.timings["dcnb"].median
+    row[f"{prefix}_ms"] = round(dcnb_ms, 3)
+    for baseline in BASELINES:
+        if baseline in step.timings:
+            row[f"{prefix}_vs_{baseline}"] = round(dcnb_ms / step.timings[baseline].median, 3)
+    return row
+
+
+def measure(name: str, batch: int, budget: float, save: bool) -> dict[str, Any]:
+    """One row: the naive step, auto_optimize from it and the best recipe, each timed against the baselines."""
+    import dcnb
+    from hf_models import BY_NAME
+
+    module, inputs, kwargs = BY_NAME[name].build()
+    rows = inputs[0].shape[0]
+    inputs = tuple(_batched(x, batch, rows) for x in inputs)
+    kwargs = {k: _batched(v, batch, rows) for k, v in kwargs.items()}
+    options = {"kwargs": kwargs, "baselines": BASELINES, "time_budget": budget}
+    row: dict[str, Any] = {"model": name, "batch": batch * rows}
+
+    start = time.perf_counter()
+    try:
+        session = dcnb.optimize(module, *inputs, **options)
+    except dcnb.DcnbError as e:
+        return row | {"naive_ok": False, "naive_error": str(e).splitlines()[0][:200]}
+    naive = session.current
+    row |= _step_row("naive", naive, time.perf_counter() - start)
+    for baseline in BASELINES:
+        if baseline in naive.timings:
+            row[f"{baseline}_ms"] = round(naive.timings[baseline].median, 3)
+
+    start = time.perf_counter()
+    auto = session.apply("auto_optimize")
+    row |= _step_row("auto_optimize", auto, time.perf_counter() - start)
+
+    kept = RECIPES / f"{name}.json"
+    if kept.exists():
+        recipe = json.loads(kept.read_text())
+        start = time.perf_counter()
+        try:
+            best = dcnb.replay(module, *inputs, recipe=recipe, **options).current
+        except dcnb.DcnbError as e:
+            return row | {"best_ok": False, "best_error": str(e).splitlines()[0][:200]}
+        row |= {"best_recipe": str(kept.relative_to(ROOT))} | _step_row("best", best, time.perf_counter() - start)
+        return row
+    # no recipe kept: the faster of the two steps (each against its own run's eager time)
+    candidates = [(naive, "naive")] + ([(auto, "auto_optimize")] if auto.ok else [])
+    best, label = min(candidates, key=lambda c: c[0].timings["dcnb"].median / c[0].timings["torch"].median)
+    row["best_recipe"] = label
+    for key in ("ms", "vs_torch", "vs_torch_compile"):
+        if f"{label}_{key}" in row:
+            row[f"best_{key}"] = row[f"{label}_{key}"]
+    if save:
+        RECIPES.mkdir(exist_ok=True)
+        recipe = session.recipe if label == "auto_optimize" else []
+        kept.write_text(json.dumps(recipe, indent=1) + "\n")
+    return row
+
+
+def _child(args: argparse.Namespace) -> None:
+    warnings.simplefilter("ignore")
+    print("MODEL " + json.dumps(measure(args.child, args.batch, args.budget, args.save_recipes)), flush=True)
+
+
+def _run(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", name, "--batch", str(args.batch), "--budget", str(args.budget)]
+    if args.save_recipes:
+        command.append("--save-recipes")
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    found = [json.loads(line[6:]) for line in done.stdout.splitlines() if line.startswith("MODEL ")]
+    if found:
+        return found[0]
+    last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return {"model": name, "crashed": last[:200]}
+
+
+def _ratio(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model | batch | eager ms | naive / eager | auto_optimize / eager | best / eager | best / torch.compile "
+        "| naive step s | auto_optimize step s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "crashed" in r or not r.get("naive_ok"):
+            reason = r.get("crashed") or r.get("naive_error")
+            lines.append(f"| {r['model']} | {r.get('batch', '')} | failed: {reason} | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r.get('torch_ms', 'n/a')} | {_ratio(r, 'naive_vs_torch')} "
+            f"| {_ratio(r, 'auto_optimize_vs_torch')} | {_ratio(r, 'best_vs_torch')} "
+            f"| {_ratio(r, 'best_vs_torch_compile')} | {r['naive_step_s']} | {r.get('auto_optimize_step_s', 'n/a')} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="one JSON line per model")
+    parser.add_argument("--markdown", action="store_true", help="the README's table")
+    parser.add_argument("--only", nargs="+", help="models to run (names from tests/hf_models.py)")
+    parser.add_argument("--batch", type=int, default=4, help="times each input is repeated along its batch dimension")
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds of interleaved timing per step")
+    parser.add_argument("--save-recipes", action="store_true", help="keep each model's best step as its recipe file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+
+    from hf_models import MODELS
+
+    unknown = set(args.only or ()) - {m.name for m in MODELS}
+    if unknown:
+        parser.error(f"no such model: {', '.join(sorted(unknown))} (tests/hf_models.py has {[m.name for m in MODELS]})")
+    rows = []
+    for model in MODELS:
+        if args.only and model.name not in args.only:
+            continue
+        row = _run(model.name, args)
+        rows.append(row)
+        print(json.dumps(row) if args.json else f"{model.name}: {json.dumps(row)}", file=sys.stdout if args.json else sys.stderr, flush=True)
+    if args.markdown or not args.json:
+        print(_markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
