@@ -205,8 +205,9 @@ def _compile(todo: list[tuple[dace.SDFG, str, str]], device: str) -> None:
     events.emit("build")
     limit = compile_timeout()
     deadline = time.monotonic() + limit
-    # generated there too, on the process's own copy of the SDFG (code generation expands library nodes and settles
-    # schedules in what it gets); the SDFG generated first compiles while the other's code is still being generated
+    # each SDFG's code is generated in its compile's process, on that process's own copy of the SDFG (code generation
+    # expands library nodes and settles schedules in what it gets): the one generated first compiles while the
+    # other's code is still being generated
     _apart({s.name: (_generate_and_compile, s, k, device, args) for s, k, args in todo}, deadline, limit)
     for s, k, _ in todo:
         binary = compiler.get_binary_name(_folder(k, s), s.name)
