@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 import dace
 
-from . import fixes
+from . import fixes, reductions
 from .errors import CacheError
 from .version import VERSION
 
@@ -64,7 +64,7 @@ def _fixes_digest() -> str:
     """The expansions dcnb registers with DaCe decide the code of library nodes at code generation, after the SDFG
     was hashed: a change to them must not reuse a binary built with the old ones."""
     digest = hashlib.sha256()
-    for module in fixes.FAMILIES + (fixes.cpp, fixes.programs, fixes.registry):
+    for module in fixes.FAMILIES + (fixes.cpp, fixes.programs, fixes.registry, reductions):
         digest.update(pathlib.Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 

@@ -30,6 +30,8 @@ from . import dace_internals
 COLUMN_TILE = 128
 #: the fewest columns a tile may have for the column walk to pay
 COLUMN_TILE_MIN = 16
+#: the label of RowReduction's tasklet, whose C++ loop does one operation per element of its row (overlays.py)
+ROW_TASKLET = "reduce_row"
 #: reduction type -> (OpenMP reduction identifier, how one element updates the accumulator); sums stay DaCe's
 _ROW_UPDATES = {
     dace.dtypes.ReductionType.Product: ("*", "acc * _row[i]"),
@@ -132,7 +134,7 @@ class RowReduction(ExpandTransformation):
         body = nsdfg.add_state("reduce")
         entry, exit_ = body.add_map("rows", {p: f"0:{n}" for p, n in zip(params, shape)})
         tasklet = body.add_tasklet(
-            "reduce_row",
+            ROW_TASKLET,
             {"_row": dace.pointer(dtype)},
             {"_o": dtype},
             f"{dtype.ctype} acc = {dtype.ctype}({node.identity});\n"
