@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -211,6 +213,11 @@ class _Call:
         self.ready = False
 
     def __call__(self, args: dict) -> None:
+        # a CPU binary keeps its scratch arrays in its state (passes/lifetimes.py): one call at a time
+        with _serial(self.binary):
+            self._call(args)
+
+    def _call(self, args: dict) -> None:
         if not (self.ready and self.direct):
             self.binary(**args)
             self.ready = True
@@ -221,6 +228,16 @@ class _Call:
             scalars[n](args[n]) if n in scalars else ctypes.c_void_p(args[n].data_ptr()) for n in self.order
         )
         self.binary.fast_call(pointers, (), do_gpu_check=True)
+
+
+_LOCKS: weakref.WeakKeyDictionary[CompiledSDFG, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _serial(binary: CompiledSDFG) -> threading.Lock:
+    """The lock a binary's calls hold (native.cpp has its own for the C++ path)."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(binary, threading.Lock())
 
 
 # where native.cpp finds an argument (its enum Kind)

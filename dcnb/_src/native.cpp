@@ -296,6 +296,20 @@ void order(const CudaInterface& cuda, const c10::Stream& from, const c10::Stream
   cuda.destroyEvent(event, from.device_index());  // CUDA frees it once recorded: the wait stands
 }
 
+// one lock per loaded binary (its state): a CPU binary keeps its scratch arrays in its state, allocated once
+// (passes/lifetimes.py), so two threads must not run it at the same time; plans of several steps share a binary
+std::shared_ptr<std::mutex> serial(void* state) {
+  static std::mutex guard;
+  static std::map<void*, std::weak_ptr<std::mutex>> locks;
+  std::lock_guard<std::mutex> hold(guard);
+  auto lock = locks[state].lock();
+  if (lock == nullptr) {
+    lock = std::make_shared<std::mutex>();
+    locks[state] = lock;
+  }
+  return lock;
+}
+
 struct Binary {
   using Entry = void (*)(void* state, void* const* args);
   using SetStreams = void (*)(void* state, void* stream);
@@ -305,13 +319,17 @@ struct Binary {
   // launch on the legacy default stream (builds with DaCe's max_concurrent_streams = -1)
   SetStreams set_streams = nullptr;
   std::shared_ptr<CudaGraphs> graphs;  // (CUDA) where its calls are replayed from graphs
+  std::shared_ptr<std::mutex> serial;  // (CPU) held while it runs
 
   // a scalar's slot holds a one-element tensor: the entry reads the value behind the pointer
   void operator()(const std::vector<at::Tensor>& args, const c10::Device& device) const {
     std::vector<void*> pointers;
     pointers.reserve(args.size());
     for (const auto& a : args) pointers.push_back(a.data_ptr());
-    if (!device.is_cuda()) return entry(state, pointers.data());
+    if (!device.is_cuda()) {
+      std::lock_guard<std::mutex> hold(*serial);
+      return entry(state, pointers.data());
+    }
     const CudaInterface& cuda = *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
     const c10::Stream current = cuda.getStream(device);
     if (set_streams == nullptr) {
@@ -501,7 +519,7 @@ c10::intrusive_ptr<Plan> make_plan(int64_t forward_entry, int64_t forward_state,
   // stream), and whether its calls are replayed from CUDA graphs
   auto binary = [&](int64_t entry, int64_t state, std::pair<int64_t, bool> cuda) {
     Binary b{reinterpret_cast<Binary::Entry>(entry), reinterpret_cast<void*>(state),
-             reinterpret_cast<Binary::SetStreams>(cuda.first), nullptr};
+             reinterpret_cast<Binary::SetStreams>(cuda.first), nullptr, serial(reinterpret_cast<void*>(state))};
     if (cuda.second) b.graphs = std::make_shared<CudaGraphs>(plan->device.index());
     return b;
   };

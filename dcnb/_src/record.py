@@ -113,6 +113,40 @@ class Step:
         p.text(self.as_text())
 
 
+#: how much slower than the step it was made from a step may be before its notes say so: beyond the spread of
+#: ratios from one interleaved run on these shared machines (benchmarks/NOTES.md)
+SLOWER = 1.10
+
+
+def slower_note(before: Step, after: Step) -> str | None:
+    """A note where ``after`` runs slower than ``before``, the step it was made from: by how much and what it
+    changed (kernels, library nodes expanded into maps), so that a user sees why before taking it further. Times are
+    compared as ratios to eager where both steps timed eager (each in its own run: the machine drifts between
+    runs), else as they are."""
+    if "dcnb" not in before.timings or "dcnb" not in after.timings:
+        return None
+    then, now = before.timings["dcnb"].median, after.timings["dcnb"].median
+    if "torch" in before.timings and "torch" in after.timings:
+        then_ratio, now_ratio = then / before.timings["torch"].median, now / after.timings["torch"].median
+        measured = f"{now_ratio:.2f}x eager's time against {then_ratio:.2f}x ({now:.2f} ms against {then:.2f} ms)"
+    else:
+        then_ratio, now_ratio = then, now
+        measured = f"{now:.2f} ms against {then:.2f} ms"
+    if now_ratio <= SLOWER * then_ratio:
+        return None
+    changed = []
+    for side in ("forward", "backward"):
+        old, new = before.counts.get(side) or {}, after.counts.get(side) or {}
+        moved = [f"{new[k] - old[k]:+d} {k.replace('_', ' ')}" for k in ("kernels", "library_nodes", "maps") if k in old and k in new and old[k] != new[k]]
+        if moved:
+            changed.append(f"{side} {', '.join(moved)}")
+    what = f"; it changed {'; '.join(changed)}" if changed else ""
+    return (
+        f"slower than step {before.index} ({before.title}) it was made from: {measured}{what}. Undo goes back to it; "
+        "a profile shows which kernels take the time"
+    )
+
+
 #: how the views name each measured callable
 NAMES = {"dcnb": "dcnb", "torch": "torch eager", "torch_compile": "torch.compile"}
 #: the history's columns; its medians follow NAMES' order

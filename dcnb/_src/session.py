@@ -26,7 +26,7 @@ from .program import Program
 from .recipe import Entry
 from .recipe import parse as parse_recipe
 from .recipe import replay as replay_recipe
-from .record import BASELINES, Step, history_table
+from .record import BASELINES, Step, history_table, slower_note
 
 
 @dataclasses.dataclass
@@ -297,6 +297,9 @@ class Session:
             self._history.append(Step(index, name, applied.options, applied.where, ok=False, error=error))
             raise
         else:
+            note = slower_note(self._states[-1].step, state.step)
+            if note is not None:
+                state = dataclasses.replace(state, step=dataclasses.replace(state.step, notes=(*state.step.notes, note)))
             self._states.append(state)
             step = state.step
         self._history.append(step)

@@ -27,6 +27,7 @@ from dace.transformation.subgraph import SubgraphFusion
 from . import algebra, dace_internals, matching, passes, rows, vectorize
 from .errors import check
 from .matching import Where
+from .fixes import linalg, reduction
 from .passes import cuda_build
 
 
@@ -353,7 +354,14 @@ register(
 def _auto_optimize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
     check(where is None, "auto_optimize acts on the whole SDFG and cannot be restricted to nodes")
     expand_onnx_nodes(sdfg)
-    auto_optimize(sdfg, dace.DeviceType.GPU if device == "cuda" else dace.DeviceType.CPU)
+    if device == "cuda":
+        auto_optimize(sdfg, dace.DeviceType.GPU)
+    else:
+        # gap: auto_optimize sets every library node to the first "fast" implementation it finds, "pure" where no
+        # BLAS of its own is installed: reductions then added with atomics again (a BERT layer's LayerNorm
+        # backward took 314 ms) and matrix products went to loops or to a BLAS whose threads fight OpenMP's; on
+        # the CPU dcnb's choices (fixes.linalg, fixes.reduction) come first
+        auto_optimize(sdfg, dace.DeviceType.CPU, find_fast_library_fn=lambda _: [linalg.CHOOSE, reduction.CHOOSE])
     passes.run(passes.AFTER_AUTO_OPTIMIZE, sdfg)
     return 1
 

@@ -4,6 +4,8 @@ dcnb/_src/passes/ (passes, by phase): each fails without its fix.
 Where a zoo entry shows the gap, the test builds that entry, so that tests/compile/test_zoo.py reuses the build.
 """
 
+import pathlib
+
 import dace
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dcnb
+from dcnb._src import reductions
 from dcnb._src.passes import cuda_build
 from models import TinyMLP
 from zoo import CASES
@@ -290,3 +293,113 @@ def test_integer_and_boolean_results_get_no_gradient():
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     session = _optimize(_GatheredMask(), torch.randn(2, 4, 8), kwargs={"attention_mask": mask})
     _assert_checked(session, "output", "grad x")
+
+
+def _written_never_read(sdfg) -> list[str]:
+    """Transients of ``sdfg`` (or its nested SDFGs) that something writes and nothing reads."""
+    found = []
+    for g in sdfg.all_sdfgs_recursive():
+        access = [(n, s) for s in g.states() for n in s.data_nodes()]
+        for name, desc in g.arrays.items():
+            mine = [(n, s) for n, s in access if n.data == name]
+            if desc.transient and mine and not any(s.out_degree(n) for n, s in mine) and any(s.in_degree(n) for n, s in mine):
+                found.append(name)
+    return found
+
+
+def test_constants_get_no_gradient():
+    # autodiff differentiated GELU's constants (0.5, 1, sqrt(2)) too: every element added its share into one scalar
+    # with an atomic, for a gradient nobody reads
+    session = _zoo("gelu")
+    _assert_checked(session, "grad input")
+    assert _written_never_read(session.backward_sdfg) == []
+    # the code that computed them goes too: vectorized, it assigned a vector to a float and did not compile
+    step = session.apply("vectorization")
+    assert step.ok, step.error
+
+
+def _sums_in_maps(sdfg) -> list[str]:
+    """Arrays that a top-level map adds into with a WCR from iterations some of its parameters do not index."""
+    found = []
+    for state in sdfg.states():
+        for entry in [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and state.entry_node(n) is None]:
+            for edge in state.in_edges(state.exit_node(entry)):
+                used = {str(s) for s in edge.data.subset.free_symbols}
+                if edge.data.wcr is not None and not set(entry.map.params) <= used:
+                    found.append(edge.data.data)
+    return found
+
+
+def test_a_bias_gradient_is_summed_without_atomics():
+    # autodiff adds a broadcast bias's gradient from every row of the output with an atomic per element
+    torch.manual_seed(0)
+    session = _optimize(_Scaled(), torch.randn(4, 6, 16))
+    _assert_checked(session, "grad x", "grad bias", "grad scale")
+    assert _sums_in_maps(session.backward_sdfg) == []
+    assert any(isinstance(n, dace.libraries.standard.Reduce) for n, _ in session.backward_sdfg.all_nodes_recursive())
+
+
+class _Scaled(nn.Module):
+    """A bias over the last axis and a scale per row (the sums go down the columns and along the rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(16))
+        self.scale = nn.Parameter(torch.randn(6, 1))
+
+    def forward(self, x):
+        return torch.tanh(x + self.bias) * self.scale
+
+
+def test_sums_over_a_maps_iterations_add_into_what_was_there():
+    from dcnb._src.passes import broadcast_sums
+
+    sdfg = dace.SDFG("sums")
+    sdfg.add_array("X", [3, 4, 5], dace.float32)
+    sdfg.add_array("S", [2, 5], dace.float32)
+    state = sdfg.add_state()
+    state.add_mapped_tasklet(
+        "terms", {"i": "0:3", "j": "0:4", "k": "0:5"}, {"x": dace.Memlet("X[i, j, k]")}, "s = 2 * x",
+        {"s": dace.Memlet("S[1, k]", wcr="lambda a, b: a + b")}, external_edges=True,
+    )
+    assert broadcast_sums.sums_without_atomics(sdfg) == 1 and _sums_in_maps(sdfg) == []
+    x = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32)
+    s = np.ones((2, 5), np.float32)
+    sdfg(X=x, S=s)
+    np.testing.assert_allclose(s, np.stack([np.ones(5), 1 + 2 * x.sum(axis=(0, 1))]), rtol=1e-5)
+
+
+def test_reductions_take_no_atomics_on_the_cpu():
+    # DaCe's default Reduce expansion adds each element into its output with an atomic: a softmax's row maxima
+    # and sums, the threads contending for them
+    session = _zoo("softmax")
+    _assert_checked(session, "grad input")
+    runner = session._states[-1].runner
+    for binary in (runner.forward_binary, runner.backward_binary):
+        library = pathlib.Path(binary._lib._library_filename)
+        code = next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
+        assert "reduce_atomic" not in code
+
+
+class _Transposed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x).transpose(1, 2) @ x, dim=-1)
+
+
+def test_auto_optimize_keeps_dcnb_s_blas_and_reductions():
+    # auto_optimize chose DaCe's OpenBLAS for the transposes beside dcnb's BLAS for the products (two cblas
+    # declarations: the code did not compile) and "pure" reductions, with atomics, for the softmax
+    torch.manual_seed(0)
+    session = _optimize(_Transposed(), torch.randn(4, 8, 16))
+    step = session.apply("auto_optimize")
+    assert step.ok, step.error
+    # the softmax's row maxima as dcnb reduces a row (a LayerNorm's backward took 510 of a BERT layer's 640 ms
+    # with DaCe's choice), its products through dcnb's BLAS
+    found = [n for n, _ in session.forward_sdfg.all_nodes_recursive()]
+    assert any(isinstance(n, nodes.Tasklet) and n.label == reductions.ROW_TASKLET for n in found)
+    library = pathlib.Path(session._states[-1].runner.forward_binary._lib._library_filename)
+    assert "cblas_sgemm" in next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()

@@ -99,3 +99,50 @@ def test_a_graph_kept_until_the_interpreter_exits_does_not_abort_it(tmp_path):
     done = subprocess.run([sys.executable, "-c", _OUTLIVES], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "native", "the C++ path was not taken: nothing was tested"
+
+
+class Residual(nn.Module):
+    """A residual whose gradient accumulates (a zeroed scratch array in the backward) and a bias gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x))
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_threads_calling_one_module_get_their_own_results(monkeypatch, native):
+    # a CPU binary allocates its scratch arrays once (passes/lifetimes.py): calls from several threads take turns
+    import threading
+
+    monkeypatch.setenv("DCNB_NATIVE", native)
+    torch.manual_seed(0)
+    module = Residual()
+    session = dcnb.optimize(module, torch.randn(16, 32, 64), baselines=(), time_budget=0.0)
+    forward = session.forward_sdfg
+    assert any(d.transient and d.lifetime.name == "Persistent" for d in forward.arrays.values())
+    inputs = [torch.randn(16, 32, 64) for _ in range(4)]
+    wanted = []
+    for x in inputs:
+        x = x.clone().requires_grad_()
+        module(x).square().sum().backward()
+        wanted.append(x.grad)
+    got = [[] for _ in inputs]
+
+    def work(i):
+        for _ in range(20):
+            x = inputs[i].clone().requires_grad_()
+            session.module(x).square().sum().backward()
+            got[i].append(x.grad)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for want, grads in zip(wanted, got):
+        assert len(grads) == 20
+        for grad in grads:
+            torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-4)

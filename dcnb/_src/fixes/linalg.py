@@ -7,7 +7,10 @@ import copy
 import dace
 from dace.autodiff.implementations.onnx_ops import DefaultEinsumBackward
 from dace.libraries.blas.nodes.batched_matmul import BatchedMatMul, ExpandBatchedMatMulOpenBLAS
+from dace.libraries.blas.nodes.dot import Dot
 from dace.libraries.blas.nodes.gemm import ExpandGemmOpenBLAS, Gemm
+from dace.libraries.blas.nodes.gemv import Gemv
+from dace.libraries.linalg.nodes.transpose import Transpose
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op_registry import ONNXEinsum
 from dace.libraries.onnx.op_implementations.linalg_ops import PureMatMul
@@ -146,3 +149,21 @@ for _node, _choose_cls, _cblas in (
     for _name, _implementation in IMPLEMENTATIONS.items():
         _node.register_implementation(_implementation, _linked(_cblas, _name))
     _node.default_implementation = CHOOSE
+
+
+@dace.library.expansion
+class ExpandLoops(ExpandTransformation):
+    # gap: auto_optimize gives every node that has one DaCe's own OpenBLAS implementation (transposes, vector
+    # products), whose cblas.h clashes in one build with the declarations of the BLAS dcnb links for the matrix
+    # products ("multiple definition of enum CBLAS_ORDER"): where dcnb's choice comes first, these keep DaCe's loops
+    environments = []
+
+    @staticmethod
+    def expansion(node, state, sdfg):
+        chosen = copy.deepcopy(node)
+        chosen.implementation = "pure"
+        return chosen
+
+
+for _node in (Transpose, Gemv, Dot):
+    _node.register_implementation(CHOOSE, ExpandLoops)

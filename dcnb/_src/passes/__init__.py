@@ -20,7 +20,7 @@ from collections.abc import Callable
 import dace
 
 from .. import schedule, vecmath
-from . import after_autodiff, before_autodiff, cuda_build, gradient_writes, lifetimes, on_import
+from . import after_autodiff, before_autodiff, broadcast_sums, cuda_build, gradient_writes, lifetimes, on_import
 
 SIDES = ("forward", "backward")
 
@@ -42,7 +42,9 @@ ON_IMPORT = (Pass(on_import.lower),)
 BEFORE_AUTODIFF = (Pass(before_autodiff.split_shared_map_inputs),)
 
 AFTER_AUTODIFF = (
+    Pass(after_autodiff.drop_unread_gradients, ("backward",)),
     Pass(after_autodiff.accumulate_nested_gradients, ("backward",)),
+    Pass(broadcast_sums.sums_without_atomics),
     Pass(after_autodiff.numeric_pi, ("backward",)),
     Pass(after_autodiff.float_min_max, ("backward",)),
     Pass(after_autodiff.typed_float_literals),
@@ -53,6 +55,7 @@ AFTER_AUTODIFF = (
 AFTER_AUTO_OPTIMIZE = (Pass(lifetimes.zeroed_transients_per_call),)
 
 CPU_BUILD = (
+    Pass(lifetimes.scratch_once_per_binary),
     Pass(vecmath.install),
     Pass(schedule.apply),
 )

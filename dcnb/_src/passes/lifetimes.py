@@ -27,3 +27,45 @@ def zeroed_transients_per_call(sdfg: dace.SDFG) -> int:
                 desc.lifetime = dace.AllocationLifetime.Scope
                 changed.add((id(state.sdfg), node.data))
     return len(changed)
+
+
+def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
+    """Allocate the top-level transients of a CPU build once per loaded binary, and zero those that must start at
+    zero in a first state of each call; returns how many transients became persistent.
+
+    Freed at the end of every call, the scratch arrays of a layer (tens of MB) went back to the system (glibc
+    trims the heap's top and unmaps large blocks), so each call faulted its pages in again and zeroed them: a
+    quarter of a BERT-mini layer's forward+backward (132 -> 78 ms, benchmarks/NOTES.md, issue 14). A persistent
+    array is shared by every call of its binary, which the call paths therefore serialize (module.py, native.cpp).
+    """
+    made = make_transients_persistent(sdfg, dace.DeviceType.CPU)
+    zeroed = []
+    for node, state in sdfg.all_nodes_recursive():
+        if not (isinstance(node, nodes.AccessNode) and node.setzero):
+            continue
+        owner = state.sdfg
+        desc = owner.arrays[node.data]
+        if not (desc.transient and desc.lifetime == dace.AllocationLifetime.Persistent):
+            continue
+        # zeroed once at the start of a call only where nothing repeats its scope (a loop, a nested SDFG)
+        if owner is sdfg and state.parent_graph is sdfg:
+            node.setzero = False
+            zeroed.append(node.data)
+        else:
+            desc.lifetime = dace.AllocationLifetime.Scope
+            made.get(owner.cfg_id, set()).discard(node.data)
+    zeroed = list(dict.fromkeys(zeroed))
+    if zeroed:
+        first = sdfg.add_state_before(sdfg.start_block, "zero_accumulators", is_start_block=True)
+        for name in zeroed:
+            shape = sdfg.arrays[name].shape
+            params = [f"__z{i}" for i in range(len(shape))]
+            first.add_mapped_tasklet(
+                f"zero_{name}",
+                {p: f"0:{size}" for p, size in zip(params, shape)},
+                {},
+                "__out = 0",
+                {"__out": dace.Memlet(f"{name}[{', '.join(params)}]")},
+                external_edges=True,
+            )
+    return sum(len(names) for names in made.values())
