@@ -403,3 +403,15 @@ def test_auto_optimize_keeps_dcnb_s_blas_and_reductions():
     assert any(isinstance(n, nodes.Tasklet) and n.label == reductions.ROW_TASKLET for n in found)
     library = pathlib.Path(session._states[-1].runner.forward_binary._lib._library_filename)
     assert "cblas_sgemm" in next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
+
+
+def test_a_linear_layers_weight_is_read_in_place_not_transposed():
+    # PyTorch exports nn.Linear as a MatMul of a Transpose of the weight: a copy of it in every call, and another
+    # of its gradient in every backward
+    torch.manual_seed(0)
+    session = _optimize(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8)), torch.randn(4, 6, 16))
+    _assert_checked(session, "grad input", "grad 0.weight", "grad 2.weight")
+    for sdfg in (session.pre_autodiff_sdfg, session.forward_sdfg, session.backward_sdfg):
+        assert not [n for n, _ in sdfg.all_nodes_recursive() if "Transpose" in type(n).__name__]
+    einsums = [n.equation for n, _ in session.pre_autodiff_sdfg.all_nodes_recursive() if hasattr(n, "equation")]
+    assert sorted(einsums) == ["aik,jk->aij", "aik,jk->aij"]

@@ -37,7 +37,7 @@ class Pass:
         return self.run.__name__
 
 
-ON_IMPORT = (Pass(on_import.lower),)
+ON_IMPORT = (Pass(on_import.lower), Pass(on_import.transposes_into_products))
 
 BEFORE_AUTODIFF = (Pass(before_autodiff.split_shared_map_inputs),)
 

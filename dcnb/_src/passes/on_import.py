@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 import dace
+from dace.frontend.common.einsum import EinsumParser
+from dace.sdfg import nodes
 from dace.autodiff.base_abc import find_backward_implementation
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.transformation.onnx.optimize import expand_onnx_nodes
@@ -23,3 +27,55 @@ def lower(sdfg: dace.SDFG) -> None:
             break
         expand_onnx_nodes(sdfg, predicate=lambda n: n in targets)
     sdfg.simplify()
+
+
+def transposes_into_products(sdfg: dace.SDFG) -> int:
+    """Read a transposed operand of a matrix product (an Einsum) in place: the product's equation names its axes
+    in the order the array has them, and the BLAS call reads it transposed; returns how many transposes went.
+
+    gap: PyTorch exports ``nn.Linear`` as a MatMul of a Transpose of the weight, which DaCe copied on every call,
+    and autodiff transposed the weight's gradient back (two copies per layer and step, 5% of a BERT layer's
+    forward+backward); only where the product stays one BLAS call (DaCe's einsum: a batched GEMM) is it read in
+    place.
+    """
+    folded = 0
+    for state in sdfg.states():
+        for transpose in [n for n in state.nodes() if isinstance(n, ONNXOp) and n.schema.name == "Transpose"]:
+            if state.in_degree(transpose) != 1 or state.out_degree(transpose) != 1:
+                continue
+            source, result = state.in_edges(transpose)[0], state.out_edges(transpose)[0].dst
+            readers = state.out_edges(result)
+            if not (isinstance(result, nodes.AccessNode) and sdfg.arrays[result.data].transient and readers):
+                continue
+            if state.in_degree(result) != 1 or any(n.data == result.data for s in sdfg.states() for n in s.data_nodes() if n is not result):
+                continue
+            if not all(isinstance(e.dst, ONNXOp) and e.dst.schema.name == "Einsum" for e in readers):
+                continue
+            perm = list(transpose.perm) if transpose.perm else list(reversed(range(len(sdfg.arrays[result.data].shape))))
+            equations = [_untransposed(e.dst.equation, int(e.dst_conn.split("__")[-1]), perm) for e in readers]
+            if any(eq is None for eq in equations):
+                continue
+            for edge, equation in zip(list(readers), equations):
+                edge.dst.equation = equation
+                state.add_edge(source.src, source.src_conn, edge.dst, edge.dst_conn, copy.deepcopy(source.data))
+                state.remove_edge(edge)
+            state.remove_node(result)
+            state.remove_node(transpose)
+            sdfg.remove_data(result.data, validate=False)
+            folded += 1
+    return folded
+
+
+def _untransposed(equation: str, operand: int, perm: list[int]) -> str | None:
+    """``equation`` with operand ``operand`` read before its transpose by ``perm``, where it stays a batched GEMM."""
+    inputs, output = equation.replace(" ", "").split("->")
+    subscripts = inputs.split(",")
+    old = subscripts[operand]
+    if len(old) != len(perm) or "." in old:
+        return None
+    new = [""] * len(perm)
+    for k, axis in enumerate(perm):
+        new[axis] = old[k]
+    subscripts[operand] = "".join(new)
+    folded = f"{','.join(subscripts)}->{output}"
+    return folded if EinsumParser(equation).is_bmm() and EinsumParser(folded).is_bmm() else None
