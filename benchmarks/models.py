@@ -110,8 +110,8 @@ def measure(name: str, batch: int, budget: float, save: bool) -> dict[str, Any]:
     for recipe in SEARCHED:
         session.reset()
         start = time.perf_counter()
-        for name in recipe:
-            step = session.apply(name)
+        for action in recipe:
+            step = session.apply(action)
             if not step.ok:
                 break
         label = "+".join(recipe)

@@ -71,7 +71,8 @@ def test_tasklet_fusion_marks_the_fused_tasklets_in_the_forward_and_the_backward
     backward, old = _diff(session, "tasklet_fusion", 1)
     drawn = graph.all_nodes(backward)
     # autodiff ran again: no node of the backward is the old one by guid, yet most are the same by what they are
-    assert not [n for n in drawn if n["guid"] in old]
+    # (but the maps the build adds to zero accumulators, the same in every build: passes/lifetimes.py)
+    assert not [n for n in drawn if n["guid"] in old and not n["label"].startswith("zero_")]
     assert len([n for n in drawn if "change" not in n]) > 0.8 * len(drawn)
     assert any("∘" in n["name"] and "backward" in n["name"] for n in _marked(backward, graph.ADDED))
     assert any(r["kind"] == graph.TASKLET and "backward" in r["name"] for r in backward["removed"])

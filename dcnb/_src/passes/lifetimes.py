@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import dace
 from dace.sdfg import nodes
 from dace.transformation.auto.auto_optimize import make_transients_persistent
@@ -39,6 +41,12 @@ def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
     array is shared by every call of its binary, which the call paths therefore serialize (module.py, native.cpp).
     """
     made = make_transients_persistent(sdfg, dace.DeviceType.CPU)
+    # the top level only: a nested SDFG's persistent arrays are freed in the program's exit code, which the views
+    # would then count as that nested SDFG's code (sources.py)
+    for nested in sdfg.all_sdfgs_recursive():
+        if nested is not sdfg:
+            for name in made.pop(nested.cfg_id, set()):
+                nested.arrays[name].lifetime = dace.AllocationLifetime.Scope
     zeroed = []
     for node, state in sdfg.all_nodes_recursive():
         if not (isinstance(node, nodes.AccessNode) and node.setzero):
@@ -60,7 +68,7 @@ def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
         for name in zeroed:
             shape = sdfg.arrays[name].shape
             params = [f"__z{i}" for i in range(len(shape))]
-            first.add_mapped_tasklet(
+            zeroing = first.add_mapped_tasklet(
                 f"zero_{name}",
                 {p: f"0:{size}" for p, size in zip(params, shape)},
                 {},
@@ -68,4 +76,8 @@ def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
                 {"__out": dace.Memlet(f"{name}[{', '.join(params)}]")},
                 external_edges=True,
             )
+            # the same nodes in every build of this SDFG, so that a step's picture shows them unchanged (graph.py
+            # matches nodes by guid)
+            for role, node in zip(("tasklet", "entry", "exit"), zeroing):
+                node.guid = str(uuid.uuid5(uuid.NAMESPACE_OID, f"{sdfg.name}/zero/{name}/{role}"))
     return sum(len(names) for names in made.values())

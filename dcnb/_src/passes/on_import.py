@@ -51,7 +51,11 @@ def transposes_into_products(sdfg: dace.SDFG) -> int:
                 continue
             if not all(isinstance(e.dst, ONNXOp) and e.dst.schema.name == "Einsum" for e in readers):
                 continue
-            perm = list(transpose.perm) if transpose.perm else list(reversed(range(len(sdfg.arrays[result.data].shape))))
+            # a matrix (a weight) only: DaCe's einsum takes a batched GEMM whose operand lists its axes in another
+            # order than the result (an activation's [1, 0, 2]) for one in the same order, and computes it wrong
+            perm = list(transpose.perm) if transpose.perm else [1, 0]
+            if perm != [1, 0] or not isinstance(source.src, nodes.AccessNode) or sdfg.arrays[source.src.data].transient:
+                continue
             equations = [_untransposed(e.dst.equation, int(e.dst_conn.split("__")[-1]), perm) for e in readers]
             if any(eq is None for eq in equations):
                 continue
