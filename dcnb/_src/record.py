@@ -137,7 +137,8 @@ def slower_note(before: Step, after: Step) -> str | None:
     changed = []
     for side in ("forward", "backward"):
         old, new = before.counts.get(side) or {}, after.counts.get(side) or {}
-        moved = [f"{new[k] - old[k]:+d} {k.replace('_', ' ')}" for k in ("kernels", "library_nodes", "maps") if k in old and k in new and old[k] != new[k]]
+        kinds = [k for k in ("kernels", "library_nodes", "maps") if k in old and k in new and old[k] != new[k]]
+        moved = [f"{new[k] - old[k]:+d} {k.replace('_', ' ')}" for k in kinds]
         if moved:
             changed.append(f"{side} {', '.join(moved)}")
     what = f"; it changed {'; '.join(changed)}" if changed else ""

@@ -299,7 +299,7 @@ class Session:
         else:
             note = slower_note(self._states[-1].step, state.step)
             if note is not None:
-                state = dataclasses.replace(state, step=dataclasses.replace(state.step, notes=(*state.step.notes, note)))
+                state.step = dataclasses.replace(state.step, notes=(*state.step.notes, note))
             self._states.append(state)
             step = state.step
         self._history.append(step)

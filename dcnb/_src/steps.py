@@ -27,7 +27,7 @@ from dace.transformation.subgraph import SubgraphFusion
 from . import algebra, dace_internals, matching, passes, rows, vectorize
 from .errors import check
 from .matching import Where
-from .fixes import linalg, reduction
+from .fixes import registry
 from .passes import cuda_build
 
 
@@ -361,7 +361,7 @@ def _auto_optimize(sdfg: dace.SDFG, where: Where, options: dict, device: str) ->
         # BLAS of its own is installed: reductions then added with atomics again (a BERT layer's LayerNorm
         # backward took 314 ms) and matrix products went to loops or to a BLAS whose threads fight OpenMP's; on
         # the CPU dcnb's choices (fixes.linalg, fixes.reduction) come first
-        auto_optimize(sdfg, dace.DeviceType.CPU, find_fast_library_fn=lambda _: [linalg.CHOOSE, reduction.CHOOSE])
+        auto_optimize(sdfg, dace.DeviceType.CPU, find_fast_library_fn=lambda _: [registry.CHOOSE])
     passes.run(passes.AFTER_AUTO_OPTIMIZE, sdfg)
     return 1
 

@@ -19,7 +19,7 @@ from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.transformation import ExpandTransformation
 
 from .. import blas
-from .registry import default_backward, pure_expansion
+from .registry import CHOOSE, choice, default_backward, on_cpu, pure_expansion
 
 
 @autoregister_params(op="Einsum", name="dcnb")
@@ -73,26 +73,18 @@ class MatMulOfVectors(ONNXForward):
         return nsdfg
 
 
-#: the implementation dcnb registers on DaCe's BLAS nodes and makes their default: it picks one of those below
-CHOOSE = "dcnb"
 #: per BLAS in ``blas.CHOICES``: DaCe's OpenBLAS expansion (a cblas call) linked with that BLAS's environment
 IMPLEMENTATIONS = {name: f"dcnb_{name}" for name in blas.ENVIRONMENTS}
 
 _BLAS_DTYPES = (dace.float32, dace.float64)
 
 
-def _operands(node, state, sdfg) -> list[dace.data.Data]:
-    return [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
-
-
 def _blas_applies(node, state, sdfg, expansion: type[ExpandTransformation]) -> bool:
     """Whether ``node`` runs on the CPU, in float32 or float64, in a layout DaCe's cblas call takes."""
-    if node.schedule in dace.dtypes.GPU_SCHEDULES:
+    if not on_cpu(node, state, sdfg):
         return False
-    descs = _operands(node, state, sdfg)
+    descs = [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
     if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in _BLAS_DTYPES:
-        return False
-    if not all(dace.dtypes.can_access(dace.ScheduleType.CPU_Multicore, d.storage) for d in descs):
         return False
     # gap: DaCe's cblas call reads a matrix with one column (strides 1, 1: torch.outer's operands) as column-major
     # with a leading dimension of 1, which the BLAS rejects, leaving the product unwritten
@@ -106,14 +98,12 @@ def _blas_applies(node, state, sdfg, expansion: type[ExpandTransformation]) -> b
 
 
 def _choose(cblas_expansion: type[ExpandTransformation]):
-    def expansion(node, state, sdfg):
-        chosen = copy.deepcopy(node)  # expanded in turn, as the Gemm that DaCe's MatMul "specialize" returns is
+    def pick(node, state, sdfg) -> str:
         found = blas.chosen()
         usable = found is not None and _blas_applies(node, state, sdfg, cblas_expansion)
-        chosen.implementation = IMPLEMENTATIONS[found.name] if usable else "pure"
-        return chosen
+        return IMPLEMENTATIONS[found.name] if usable else "pure"
 
-    return staticmethod(expansion)
+    return choice(pick)
 
 
 @dace.library.expansion
@@ -157,12 +147,7 @@ class ExpandLoops(ExpandTransformation):
     # products), whose cblas.h clashes in one build with the declarations of the BLAS dcnb links for the matrix
     # products ("multiple definition of enum CBLAS_ORDER"): where dcnb's choice comes first, these keep DaCe's loops
     environments = []
-
-    @staticmethod
-    def expansion(node, state, sdfg):
-        chosen = copy.deepcopy(node)
-        chosen.implementation = "pure"
-        return chosen
+    expansion = choice(lambda node, state, sdfg: "pure")
 
 
 for _node in (Transpose, Gemv, Dot):

@@ -8,7 +8,6 @@ where it needs a count per output element (ties of a maximum, zeros of a product
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 
@@ -20,7 +19,6 @@ from dace.autodiff.utils import add_empty_sdfg_for_node
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.standard import Reduce
 from dace.registry import autoregister_params
-from dace.sdfg.scope import is_devicelevel_gpu
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.onnx import constant_folding
 from dace.transformation.onnx.replacement import onnx_constant_or_none
@@ -31,7 +29,7 @@ from .. import reductions
 from .cpp import at, cpp_backward, cpp_expansion, forward_in, forward_out, loops, offset
 from .elementwise import ZeroBackward
 from .programs import parsed
-from .registry import default_backward, pure_expansion
+from .registry import CHOOSE, choice, default_backward, on_cpu, pure_expansion
 
 
 def _constant_input(node, state, sdfg, connector: str) -> list[int] | None:
@@ -421,16 +419,9 @@ default_backward("CumSum")
 
 # --- DaCe's Reduce library node ---------------------------------------------------------------------------------
 
-#: the implementation dcnb registers on DaCe's Reduce and makes its default: it picks one of reductions'
-CHOOSE = "dcnb"
 
-
-def _on_cpu(node, state, sdfg) -> bool:
-    """Whether ``node`` runs on the CPU over memory the CPU reads."""
-    if node.schedule in dace.dtypes.GPU_SCHEDULES or is_devicelevel_gpu(sdfg, state, node):
-        return False
-    descs = [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
-    return all(dace.dtypes.can_access(dace.ScheduleType.CPU_Multicore, d.storage) for d in descs)
+def _reduce_implementation(node, state, sdfg) -> str:
+    return reductions.implementation(node, state) if on_cpu(node, state, sdfg) else "pure"
 
 
 @dace.library.expansion
@@ -439,12 +430,7 @@ class ExpandReduceDcnb(ExpandTransformation):
     # which a CPU's threads contend for (a softmax's row sums and maxima: 26 ms where PyTorch takes 0.3); on the
     # CPU reductions now take dcnb's atomics-free expansions from the naive step on, as fuse_rows did
     environments = []
-
-    @staticmethod
-    def expansion(node, state, sdfg):
-        chosen = copy.deepcopy(node)  # expanded in turn, as the BLAS nodes' choice is (fixes.linalg)
-        chosen.implementation = reductions.implementation(node, state) if _on_cpu(node, state, sdfg) else "pure"
-        return chosen
+    expansion = choice(_reduce_implementation)
 
 
 Reduce.register_implementation(CHOOSE, ExpandReduceDcnb)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import functools
+from collections.abc import Callable
 
+import dace
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node
+from dace.sdfg.scope import is_devicelevel_gpu
 from dace.transformation.transformation import ExpandTransformation
 
 from ..frontend import OPSET
@@ -65,3 +69,28 @@ def default_backward(op: str, name: str = "dcnb") -> None:
     """Make the backward rule registered as ``name`` the one autodiff picks for ``op`` where it applies."""
     for cls in op_versions(op):
         cls.default_backward_implementation = name
+
+
+#: the implementation dcnb registers on DaCe's own library nodes (BLAS, Reduce) and puts first: it picks one
+CHOOSE = "dcnb"
+
+
+def choice(pick: Callable[..., str]):
+    """The ``expansion`` of an implementation that chooses another: the node comes back as a copy naming the
+    implementation ``pick(node, state, sdfg)`` returns, which DaCe then expands in turn (as it does the Gemm that
+    its MatMul's "specialize" returns)."""
+
+    def expansion(node, state, sdfg):
+        chosen = copy.deepcopy(node)
+        chosen.implementation = pick(node, state, sdfg)
+        return chosen
+
+    return staticmethod(expansion)
+
+
+def on_cpu(node, state, sdfg) -> bool:
+    """Whether ``node`` runs on the CPU (no GPU schedule, not inside GPU code) over memory the CPU reads."""
+    if node.schedule in dace.dtypes.GPU_SCHEDULES or is_devicelevel_gpu(sdfg, state, node):
+        return False
+    descs = [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
+    return all(dace.dtypes.can_access(dace.ScheduleType.CPU_Multicore, d.storage) for d in descs)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 
 import dace
-from dace.frontend.common.einsum import EinsumParser
-from dace.sdfg import nodes
 from dace.autodiff.base_abc import find_backward_implementation
+from dace.frontend.common.einsum import EinsumParser
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
+from dace.sdfg import nodes
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
 
@@ -47,7 +47,8 @@ def transposes_into_products(sdfg: dace.SDFG) -> int:
             readers = state.out_edges(result)
             if not (isinstance(result, nodes.AccessNode) and sdfg.arrays[result.data].transient and readers):
                 continue
-            if state.in_degree(result) != 1 or any(n.data == result.data for s in sdfg.states() for n in s.data_nodes() if n is not result):
+            elsewhere = [n for s in sdfg.states() for n in s.data_nodes() if n.data == result.data and n is not result]
+            if state.in_degree(result) != 1 or elsewhere:
                 continue
             if not all(isinstance(e.dst, ONNXOp) and e.dst.schema.name == "Einsum" for e in readers):
                 continue
