@@ -40,12 +40,16 @@ def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
     quarter of a BERT-mini layer's forward+backward (132 -> 78 ms, benchmarks/NOTES.md, issue 14). A persistent
     array is shared by every call of its binary, which the call paths therefore serialize (module.py, native.cpp).
     """
+    before = {
+        (g.cfg_id, name) for g in sdfg.all_sdfgs_recursive() for name, desc in g.arrays.items()
+        if desc.lifetime == dace.AllocationLifetime.Persistent
+    }
     made = make_transients_persistent(sdfg, dace.DeviceType.CPU)
     # the top level only: a nested SDFG's persistent arrays are freed in the program's exit code, which the views
-    # would then count as that nested SDFG's code (sources.py)
+    # would then count as that nested SDFG's code (sources.py); those persistent already (auto_optimize's) stay so
     for nested in sdfg.all_sdfgs_recursive():
         if nested is not sdfg:
-            for name in made.pop(nested.cfg_id, set()):
+            for name in made.pop(nested.cfg_id, set()) - {n for g, n in before if g == nested.cfg_id}:
                 nested.arrays[name].lifetime = dace.AllocationLifetime.Scope
     zeroed = []
     for node, state in sdfg.all_nodes_recursive():
