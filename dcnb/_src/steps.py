@@ -19,7 +19,6 @@ from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
 from dace.sdfg.state import StateSubgraphView
 from dace.transformation import PatternTransformation
-from dace.transformation.auto.auto_optimize import auto_optimize
 from dace.transformation.dataflow import MapFusion, TaskletFusion, TrivialMapElimination
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.subgraph import SubgraphFusion
@@ -28,7 +27,7 @@ from . import algebra, dace_internals, matching, passes, rows, vectorize
 from .errors import check
 from .matching import Where
 from .fixes import registry
-from .passes import cuda_build
+from .passes import auto_optimize, cuda_build
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,13 +354,13 @@ def _auto_optimize(sdfg: dace.SDFG, where: Where, options: dict, device: str) ->
     check(where is None, "auto_optimize acts on the whole SDFG and cannot be restricted to nodes")
     expand_onnx_nodes(sdfg)
     if device == "cuda":
-        auto_optimize(sdfg, dace.DeviceType.GPU)
+        auto_optimize.run(sdfg, dace.DeviceType.GPU)
     else:
         # gap: auto_optimize sets every library node to the first "fast" implementation it finds, "pure" where no
         # BLAS of its own is installed: reductions then added with atomics again (a BERT layer's LayerNorm
         # backward took 314 ms) and matrix products went to loops or to a BLAS whose threads fight OpenMP's; on
         # the CPU dcnb's choices (fixes.linalg, fixes.reduction) come first
-        auto_optimize(sdfg, dace.DeviceType.CPU, find_fast_library_fn=lambda _: [registry.CHOOSE])
+        auto_optimize.run(sdfg, dace.DeviceType.CPU, library=lambda _: [registry.CHOOSE])
     passes.run(passes.AFTER_AUTO_OPTIMIZE, sdfg)
     return 1
 

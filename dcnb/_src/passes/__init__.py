@@ -5,7 +5,8 @@ The phases, in the order a step meets them:
 - ``ON_IMPORT``: once, on the forward SDFG DaCe imported from ONNX;
 - ``BEFORE_AUTODIFF``: on the forward SDFG about to be differentiated;
 - ``AFTER_AUTODIFF``: on the forward and backward SDFGs autodiff returned (some passes on the backward only);
-- ``AFTER_AUTO_OPTIMIZE``: after DaCe's auto_optimize, within that step;
+- ``auto_optimize.PIPELINE``: DaCe's auto_optimize, its parts in its order (the ``auto_optimize`` step);
+- ``AFTER_AUTO_OPTIMIZE``: after it, within that step;
 - ``CPU_BUILD`` / ``CUDA_BUILD``: on the SDFGs about to be compiled. What they return is what runs, what the
   views draw and what a step's counts are taken from.
 
