@@ -62,12 +62,13 @@ def _fuse_parallel_maps(sdfg: dace.SDFG) -> int:
         for state in list(nested.states()):
             refused: set[tuple[nodes.MapEntry, nodes.MapEntry]] = set()
             while pair := next((p for p in _parallel_pairs(state) if p not in refused), None):
+                first, second = pair
                 try:
                     MapFusionHorizontal.apply_to(
-                        nested, annotate=False, save=False, first_parallel_map_entry=pair[0], second_parallel_map_entry=pair[1]
+                        nested, annotate=False, save=False, first_parallel_map_entry=first, second_parallel_map_entry=second
                     )
                     applied += 1
-                except ValueError:
+                except ValueError:  # DaCe's own test refused it
                     refused.add(pair)
     return applied
 
