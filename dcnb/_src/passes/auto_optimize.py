@@ -65,7 +65,8 @@ def _fuse_parallel_maps(sdfg: dace.SDFG) -> int:
                 first, second = pair
                 try:
                     MapFusionHorizontal.apply_to(
-                        nested, annotate=False, save=False, first_parallel_map_entry=first, second_parallel_map_entry=second
+                        nested, annotate=False, save=False,
+                        first_parallel_map_entry=first, second_parallel_map_entry=second,
                     )
                     applied += 1
                 except ValueError:  # DaCe's own test refused it
