@@ -88,3 +88,35 @@ def test_column_sums_fold_into_the_row_map_as_partial_sums():
     assert step.counts["backward"]["kernels"] == 5
     # the gradients are written once each, so the module hands the compiled code empty arrays, not zeroed ones
     assert not session._states[-1].runner._accumulated
+
+
+class _TwoResidualNorms(nn.Module):
+    """A BERT layer's shape in small: of its two LayerNorms after residual adds, DaCe keeps the first's backward as
+    a nested SDFG."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.outer = nn.Linear(32, 32), nn.Linear(32, 32)
+        self.first, self.second = nn.LayerNorm(32), nn.LayerNorm(32)
+
+    def forward(self, x):
+        a = self.first(self.inner(x) + x)
+        return self.second(self.outer(a) + a)
+
+
+def test_a_norm_left_nested_becomes_rows_too():
+    torch.manual_seed(0)
+    session = dcnb.optimize(_TwoResidualNorms(), torch.randn(4, 8, 32), baselines=(), time_budget=0.0)
+    step = session.apply("fuse_rows")
+    assert step.ok and step.check.ok, step.error
+    backward = session.backward_sdfg
+    nested = [
+        n.sdfg for n, s in backward.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG) and s.sdfg is backward
+    ]
+    assert nested
+    for sdfg in nested:
+        # the row map and the column tiles of the weight's and the bias's gradients (16 maps over whole tensors before)
+        tops = [
+            n for s in sdfg.states() for n in s.nodes() if isinstance(n, nodes.MapEntry) and s.entry_node(n) is None
+        ]
+        assert len(tops) <= 3, [n.label for n in tops]
