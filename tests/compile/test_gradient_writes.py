@@ -59,3 +59,29 @@ def test_rows_in_chunks_cover_the_array_only_without_gaps(tiles, covers):
     columns = nodes.Map("columns", ["i"], dace.subsets.Range([(0, 7, 1)]))
     element = dace.subsets.Range.from_string("r, i")
     assert gradient_writes.rows_cover(element, [columns, rows, chunks], (16, 8)) is covers
+
+
+class _Residual(torch.nn.Module):
+    """Gradients that add up from a nested SDFG (LayerNorm's backward, a matrix product's) and from a map."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        h = self.linear(x)
+        return self.norm(h) + h * x
+
+
+def test_temporaries_a_nested_gradient_writes_whole_are_not_zeroed():
+    torch.manual_seed(0)
+    session = dcnb.optimize(_Residual(), torch.randn(4, 8, 16), baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok
+    backward = session._states[-1].sdfgs.backward
+    parts = [
+        n for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and n.data.endswith("_part")
+    ]
+    # each a whole output of the LayerNorm's or the product's backward (the product's written, no longer added)
+    assert parts and not any(n.setzero for n in parts)
+    zeroing = [n.label for n, _ in session.backward_sdfg.all_nodes_recursive() if isinstance(n, nodes.MapEntry)]
+    assert not any(label.startswith("zero_gradient") and "_part" in label for label in zeroing)

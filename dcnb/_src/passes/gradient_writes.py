@@ -14,32 +14,43 @@ def write_gradients_once(sdfg: dace.SDFG) -> int:
 
     The gradients are the backward SDFG's arguments it writes and never reads (the others are the outputs'
     gradients and the values the forward stored, which it reads)."""
-    written = 0
-    for name in [n for n, desc in sdfg.arrays.items() if not desc.transient]:
-        found = _single_writer(sdfg, name)
-        if found is None:
-            continue
-        state, edge = found
-        path = state.memlet_path(edge)
-        inner, exit_node = path[0], path[-1].src
-        if len(path) != 2 or not isinstance(exit_node, nodes.MapExit):
-            continue
-        if state.entry_node(state.entry_node(exit_node)) is not None:  # a map nested in another
-            continue
-        if inner.data.wcr is None or inner.data.dynamic or inner.data.subset.num_elements() != 1:
-            continue
-        params = exit_node.map.params
-        indices = [str(begin) for begin, _, _ in inner.data.subset.ndrange()]
-        shape = sdfg.arrays[name].shape
-        ranges = exit_node.map.range.ndrange()
-        if sorted(indices) != sorted(params) or len(params) != len(shape):
-            continue
-        by_param = dict(zip(params, ranges))
-        if all(by_param[i] == (0, size - 1, 1) for i, size in zip(indices, shape)):
-            for e in path:
-                e.data.wcr = None
-            written += 1
-    return written
+    return sum(write_once(sdfg, name) for name, desc in list(sdfg.arrays.items()) if not desc.transient)
+
+
+def write_once(sdfg: dace.SDFG, name: str) -> bool:
+    """Where the only writer of ``name`` (a map writing each element once, or a library node writing all of it)
+    accumulates into it, make it write; whether it did."""
+    found = _single_writer(sdfg, name)
+    if found is None:
+        return False
+    state, edge = found
+    path = state.memlet_path(edge)
+    if len(path) == 1 and isinstance(edge.src, nodes.LibraryNode):
+        # an Einsum's backward adds its product into the gradient (a BLAS call with beta 1)
+        full = dace.subsets.Range.from_array(sdfg.arrays[name])
+        if edge.data.wcr is None or edge.data.dynamic or not edge.data.subset.covers(full):
+            return False
+        edge.data.wcr = None
+        return True
+    inner, exit_node = path[0], path[-1].src
+    if len(path) != 2 or not isinstance(exit_node, nodes.MapExit):
+        return False
+    if state.entry_node(state.entry_node(exit_node)) is not None:  # a map nested in another
+        return False
+    if inner.data.wcr is None or inner.data.dynamic or inner.data.subset.num_elements() != 1:
+        return False
+    params = exit_node.map.params
+    indices = [str(begin) for begin, _, _ in inner.data.subset.ndrange()]
+    shape = sdfg.arrays[name].shape
+    ranges = exit_node.map.range.ndrange()
+    if sorted(indices) != sorted(params) or len(params) != len(shape):
+        return False
+    by_param = dict(zip(params, ranges))
+    if not all(by_param[i] == (0, size - 1, 1) for i, size in zip(indices, shape)):
+        return False
+    for e in path:
+        e.data.wcr = None
+    return True
 
 
 def _single_writer(sdfg: dace.SDFG, name: str) -> tuple[dace.SDFGState, object] | None:
