@@ -85,3 +85,18 @@ def test_temporaries_a_nested_gradient_writes_whole_are_not_zeroed():
     assert parts and not any(n.setzero for n in parts)
     zeroing = [n.label for n, _ in session.backward_sdfg.all_nodes_recursive() if isinstance(n, nodes.MapEntry)]
     assert not any(label.startswith("zero_gradient") and "_part" in label for label in zeroing)
+
+
+class _Gelu(torch.nn.Module):
+    def forward(self, x):
+        return x * 0.5 * (1.0 + torch.erf(x / 1.4142135623730951))
+
+
+def test_accumulators_one_map_fills_are_written_not_zeroed():
+    torch.manual_seed(0)
+    session = dcnb.optimize(_Gelu(), torch.randn(4, 8, 16), baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok
+    backward = session._states[-1].sdfgs.backward
+    zeroed = {n.data for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and n.setzero}
+    # the gradients of erf's and of the division's outputs: each added into by one map, element by element
+    assert not {name for name in zeroed if "Erf" in name or "Div" in name}, zeroed

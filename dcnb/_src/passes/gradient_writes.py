@@ -17,10 +17,25 @@ def write_gradients_once(sdfg: dace.SDFG) -> int:
     return sum(write_once(sdfg, name) for name, desc in list(sdfg.arrays.items()) if not desc.transient)
 
 
-def write_once(sdfg: dace.SDFG, name: str) -> bool:
+def write_accumulators_once(sdfg: dace.SDFG) -> int:
+    """Where a zeroed temporary (a gradient accumulator autodiff made) has one access node and one map writing each
+    of its elements once, before anything reads it there, write instead of adding and drop the zeroing (a map over
+    the array per call: 0.25-0.3 ms each for the BERT-mini layer's GELU). Returns how many."""
+    written = 0
+    for name, desc in list(sdfg.arrays.items()):
+        found = [(n, s) for n, s in sdfg.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and n.data == name]
+        if not desc.transient or len(found) != 1 or not found[0][0].setzero:
+            continue
+        if write_once(sdfg, name, read_after=True):
+            found[0][0].setzero = False
+            written += 1
+    return written
+
+
+def write_once(sdfg: dace.SDFG, name: str, read_after: bool = False) -> bool:
     """Where the only writer of ``name`` (a map writing each element once, or a library node writing all of it)
-    accumulates into it, make it write; whether it did."""
-    found = _single_writer(sdfg, name)
+    accumulates into it, make it write; whether it did. ``read_after``: the written node may also be read from."""
+    found = _single_writer(sdfg, name, read_after)
     if found is None:
         return False
     state, edge = found
@@ -53,13 +68,14 @@ def write_once(sdfg: dace.SDFG, name: str) -> bool:
     return True
 
 
-def _single_writer(sdfg: dace.SDFG, name: str) -> tuple[dace.SDFGState, object] | None:
-    """(state, edge) of the only write into ``name`` when the SDFG has one access node of it and never reads it."""
+def _single_writer(sdfg: dace.SDFG, name: str, read_after: bool = False) -> tuple[dace.SDFGState, object] | None:
+    """(state, edge) of the only write into ``name`` when the SDFG has one access node of it and never reads it
+    (or, ``read_after``, reads it only from that node, after the write)."""
     found = [(n, s) for n, s in sdfg.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and n.data == name]
     if len(found) != 1:
         return None
     node, state = found[0]
-    if state.out_degree(node) or state.in_degree(node) != 1 or state.sdfg is not sdfg:
+    if (state.out_degree(node) and not read_after) or state.in_degree(node) != 1 or state.sdfg is not sdfg:
         return None
     return state, state.in_edges(node)[0]
 
