@@ -60,8 +60,9 @@ def test_the_maps_of_a_larger_mish_take_their_share_of_the_call():
     session = dcnb.optimize(Mish(), torch.rand(4, 16, 32, 32), baselines=(), time_budget=0.0)
     found = profile.run(session, runs=3)
     kernels = found["kernels"]
-    # five elementwise maps forward, five backward, and two zeroing the backward's accumulators (passes/lifetimes.py)
-    assert len(kernels) == 12
+    # five elementwise maps forward, five backward (an accumulator one map fills is written, not zeroed first:
+    # passes/gradient_writes.py)
+    assert len(kernels) == 10
     assert kernels[0]["ms"] > 0.01  # 64k elements: tens of microseconds at the least
     # timed inside the call: together less than it (what is left is the call's own overhead)
     assert 0 < sum(k["share"] for k in kernels) <= 1
