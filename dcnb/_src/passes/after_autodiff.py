@@ -74,9 +74,15 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
                 dtype = sdfg.arrays[target].dtype
                 tmp, _ = sdfg.add_transient(f"{target}_part", sizes, dtype, find_new_name=True)
                 tmp_node = state.add_access(tmp)
-                # a rule may write only part of it (or add into it); an ONNX op, or a rule that writes all of it,
-                # needs no zeroing (a map over the whole array per call: 0.3-0.5 ms each on the BERT-mini layer)
-                tmp_node.setzero = not (isinstance(node, ONNXOp) or _writes_all(node, edge.src_conn))
+                # a rule may write only part of it (or add into it); an ONNX op, or a rule that writes all of it
+                # (once its only writer writes instead of adding: into a fresh temporary, the same), needs no zeroing
+                # (a map over the whole array per call: 0.3-0.5 ms each on the BERT-mini layer)
+                if isinstance(node, nodes.NestedSDFG):
+                    gradient_writes.write_once(node.sdfg, edge.src_conn)
+                tmp_node.setzero = not (
+                    isinstance(node, ONNXOp)
+                    or isinstance(node, nodes.NestedSDFG) and gradient_writes.overwritten(node.sdfg, edge.src_conn)
+                )
                 state.add_edge(node, edge.src_conn, tmp_node, None, dace.Memlet.from_array(tmp, sdfg.arrays[tmp]))
                 params = [f"__a{i}" for i in range(len(sizes))]
                 begins = [r[0] for r in subset.ndrange()]
@@ -99,15 +105,6 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
                 state.remove_edge(edge)
                 rerouted += 1
     return rerouted
-
-
-def _writes_all(node: nodes.Node, connector: str) -> bool:
-    """Whether a nested SDFG writes every element of what leaves it through ``connector``, once it writes where its
-    only writer added (into a fresh temporary, the same)."""
-    if not isinstance(node, nodes.NestedSDFG):
-        return False
-    gradient_writes.write_once(node.sdfg, connector)
-    return gradient_writes.overwritten(node.sdfg, connector)
 
 
 def _is_pi(node: ast.AST) -> bool:

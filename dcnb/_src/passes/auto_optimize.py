@@ -27,9 +27,8 @@ from dace.transformation.passes import FullMapFusion
 Library = Callable[[dace.DeviceType], list[str]]
 
 
-def _reachable(state: SDFGState) -> dict[nodes.Node, int]:
-    """Each node's descendants in ``state``, as a bit set over the state's node order."""
-    index = {node: i for i, node in enumerate(state.nodes())}
+def _reachable(state: SDFGState, index: dict[nodes.Node, int]) -> dict[nodes.Node, int]:
+    """Each node's descendants in ``state``, as a bit set over ``index`` (the state's node order)."""
     below: dict[nodes.Node, int] = {}
     for node in reversed(list(sdutil.dfs_topological_sort(state))):
         bits = 0
@@ -43,7 +42,7 @@ def _parallel_pairs(state: SDFGState) -> Iterator[tuple[nodes.MapEntry, nodes.Ma
     """Pairs of maps of ``state`` that could be fused side by side: the same scope, schedule and ranges (in any
     order of their parameters), neither reachable from the other; in the state's node order."""
     index = {node: i for i, node in enumerate(state.nodes())}
-    below = _reachable(state)
+    below = _reachable(state, index)
     scope = state.scope_dict()
     alike: dict[tuple, list[nodes.MapEntry]] = defaultdict(list)
     for node in state.nodes():
@@ -56,21 +55,29 @@ def _parallel_pairs(state: SDFGState) -> Iterator[tuple[nodes.MapEntry, nodes.Ma
 
 
 def _fuse_parallel_maps(sdfg: dace.SDFG) -> int:
-    # MapFusionHorizontal applied pair by pair from _parallel_pairs, each pair verified by DaCe's own test
+    # MapFusionHorizontal applied pair by pair from _parallel_pairs, each pair verified by DaCe's own test; the
+    # table is made again only after a fusion changed the state
     applied = 0
     for nested in list(sdfg.all_sdfgs_recursive()):
         for state in list(nested.states()):
             refused: set[tuple[nodes.MapEntry, nodes.MapEntry]] = set()
-            while pair := next((p for p in _parallel_pairs(state) if p not in refused), None):
-                first, second = pair
-                try:
-                    MapFusionHorizontal.apply_to(
-                        nested, annotate=False, save=False,
-                        first_parallel_map_entry=first, second_parallel_map_entry=second,
-                    )
+            fused = True
+            while fused:
+                fused = False
+                for first, second in _parallel_pairs(state):
+                    if (first, second) in refused:
+                        continue
+                    try:
+                        MapFusionHorizontal.apply_to(
+                            nested, annotate=False, save=False,
+                            first_parallel_map_entry=first, second_parallel_map_entry=second,
+                        )
+                    except ValueError:  # DaCe's own test refused it
+                        refused.add((first, second))
+                        continue
                     applied += 1
-                except ValueError:  # DaCe's own test refused it
-                    refused.add(pair)
+                    fused = True
+                    break
     return applied
 
 

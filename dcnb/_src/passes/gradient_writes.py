@@ -4,6 +4,8 @@ plain writes; ``overwritten`` tells the module which gradients it may hand over 
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import dace
 from dace.sdfg import nodes
 
@@ -21,13 +23,17 @@ def write_accumulators_once(sdfg: dace.SDFG) -> int:
     """Where a zeroed temporary (a gradient accumulator autodiff made) has one access node and one map writing each
     of its elements once, before anything reads it there, write instead of adding and drop the zeroing (a map over
     the array per call: 0.25-0.3 ms each for the BERT-mini layer's GELU). Returns how many."""
+    by_name: dict[str, list[nodes.AccessNode]] = defaultdict(list)
+    for node, _ in sdfg.all_nodes_recursive():
+        if isinstance(node, nodes.AccessNode):
+            by_name[node.data].append(node)
     written = 0
-    for name, desc in list(sdfg.arrays.items()):
-        found = [(n, s) for n, s in sdfg.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and n.data == name]
-        if not desc.transient or len(found) != 1 or not found[0][0].setzero:
+    for name, found in by_name.items():
+        desc = sdfg.arrays.get(name)  # (None: a nested SDFG's own array)
+        if desc is None or not desc.transient or len(found) != 1 or not found[0].setzero:
             continue
         if write_once(sdfg, name, read_after=True):
-            found[0][0].setzero = False
+            found[0].setzero = False
             written += 1
     return written
 
