@@ -2,13 +2,13 @@
 inputs: the widget's heat colouring and its table of top kernels.
 
 A step's own timing calls the step's binaries, which time nothing inside. Here a copy of each compiled SDFG has
-DaCe's ``Timer`` instrumentation on its top-level maps, library nodes and nested SDFGs (the latter two through
-their states: see ``_instrumented``). It is generated under the configuration its build saved (``dace.conf``),
-with the compiler flags the build adds (``build._own_args``), compiled into a folder of its own (the build
-cache's key leaves instrumentation out, so the cache would hand back the uninstrumented binary), and called
-through a ``Runner`` of its own, forward and backward as the session times a step, on the session's inputs and
-upstream gradients (``Session.calls``). DaCe writes its timers' report when a binary is finalized; each
-node's time is the median over the calls, the first left out. The instrumented binaries call DaCe's Python entry
+DaCe's ``Timer`` instrumentation on its top-level maps, tasklets, library nodes and nested SDFGs (the latter two
+through what they expand to and their states: see ``_instrumented``). It is generated under the configuration its
+build saved (``dace.conf``), with the compiler flags the build adds (``build._own_args``), compiled into a folder
+of its own (the build cache's key leaves instrumentation out, so the cache would hand back the uninstrumented
+binary), and called through a ``Runner`` of its own, forward and backward as the session times a step, on the
+session's inputs and upstream gradients (``Session.calls``). DaCe writes its timers' report when a binary is
+finalized; each node's time is the median over the calls, the first left out. The instrumented binaries call DaCe's Python entry
 (they have no entry for dcnb's C++ call path), whose overhead is in the call's time, in no node's.
 
 Nothing of the session changes: its states, binaries and timings are not touched, and the user's module is left as
@@ -112,6 +112,9 @@ def table(session: Any, index: int | None = None) -> dict[str, Any] | None:
 
 
 _SIDES = ("forward", "backward")
+#: the nodes outside maps that get a timer; a tasklet there is often a library node an action already expanded
+#: (fuse_rows and auto_optimize expand them: a matrix product's BLAS call is then a tasklet of its own)
+_TIMED = (nodes.MapEntry, nodes.LibraryNode, nodes.NestedSDFG, nodes.Tasklet)
 #: what ``run`` measured, by the compiled forward SDFG of the step it profiled (the views read it there)
 _measured: weakref.WeakKeyDictionary[dace.SDFG, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -149,8 +152,8 @@ class _Instrumented:
 
 
 def _instrumented(sdfg: dace.SDFG, folder: pathlib.Path) -> _Instrumented:
-    """Build a copy of compiled ``sdfg`` with timers on its top-level maps, library nodes and nested SDFGs, in
-    ``folder``, as its build did (its saved DaCe configuration and compiler flags).
+    """Build a copy of compiled ``sdfg`` with timers on its top-level maps, tasklets, library nodes and nested SDFGs,
+    in ``folder``, as its build did (its saved DaCe configuration and compiler flags).
 
     DaCe's CPU code generator times a map (its entry), a tasklet and a state, but neither a nested SDFG node nor
     a nested SDFG as a whole (its timer starts and never stops): a nested SDFG is timed by its states, and a
@@ -161,7 +164,7 @@ def _instrumented(sdfg: dace.SDFG, folder: pathlib.Path) -> _Instrumented:
     top = [
         (n, s)
         for n, s in timed.all_nodes_recursive()
-        if isinstance(n, (nodes.MapEntry, nodes.LibraryNode, nodes.NestedSDFG)) and _outermost(n, s, timed)
+        if isinstance(n, _TIMED) and _outermost(n, s, timed)
     ]
     labels = {n.guid: n.map.label if isinstance(n, nodes.MapEntry) else n.label for n, _ in top}
     timed.build_folder = str(folder)
