@@ -23,7 +23,7 @@ from dace.transformation.dataflow import MapFusion, TaskletFusion, TrivialMapEli
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import algebra, dace_internals, matching, passes, rows, vectorize
+from . import algebra, dace_internals, matching, passes, rows, shared_values, vectorize
 from .errors import check
 from .matching import Where
 from .fixes import registry
@@ -243,6 +243,7 @@ register(
 def _fused_copy(sdfg: dace.SDFG, where: Where) -> dace.SDFG:
     fused = copy.deepcopy(sdfg)
     _repeat(MapFusion)(fused, where, {})
+    shared_values.split(fused)
     return fused
 
 
@@ -281,6 +282,7 @@ def _tasklet_fusion(sdfg: dace.SDFG, where: Where, options: dict, device: str) -
     # TaskletFusion merges tasklets within one scope, so maps are fused first; that intermediate never
     # reaches autodiff, which cannot forward values computed inside a map (see program.differentiate)
     _repeat(MapFusion)(sdfg, where, {})
+    shared_values.split(sdfg)
     return _repeat(TaskletFusion)(sdfg, where, options)
 
 
