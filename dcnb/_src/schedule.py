@@ -5,6 +5,8 @@
   intra-op threshold is the same 32768 elements.)
 - A parallel map whose outermost dimension has too few iterations to share out evenly among the threads is
   collapsed (OpenMP collapse) over as many leading dimensions as it takes to have CHUNKS iterations per thread.
+- A sum into an array where each iteration of the maps around it adds into elements of its own is a plain
+  addition (``own_element_sums``), not an atomic one.
 """
 
 from __future__ import annotations
@@ -50,6 +52,56 @@ def apply(sdfg: dace.SDFG) -> None:
             iterations *= sizes[collapse]
             collapse += 1
         node.map.collapse = collapse
+
+
+def own_element_sums(sdfg: dace.SDFG) -> int:
+    """Make the write-conflict resolutions that no two iterations share non-atomic; returns how many edges changed.
+
+    gap: DaCe's CPU code makes every write-conflict resolution in a parallel map an atomic addition (a
+    compare-and-swap loop), even where each iteration adds into elements of its own, such as the maps that add a
+    gradient's parts into it: 0.45 ms each on a BERT-mini layer, 1.5 ms once vectorized (four per backward). Such
+    an index takes one map parameter per dimension, each with a step that moves past what an iteration writes there,
+    and every parameter of the maps around it; nothing else runs beside a map while the SDFG's OpenMP sections are
+    off.
+    """
+    changed = 0
+    for node, state in sdfg.all_nodes_recursive():
+        if not isinstance(node, nodes.Tasklet) or state.sdfg.openmp_sections or _inside_map(state.sdfg):
+            continue
+        steps = {}
+        entry = state.entry_node(node)
+        while entry is not None:
+            steps.update({p: r[2] for p, r in zip(entry.map.params, entry.map.range)})
+            entry = state.entry_node(entry)
+        for edge in state.out_edges(node):
+            memlet = edge.data
+            if not steps or memlet.wcr is None or memlet.wcr_nonatomic or not _own_elements(memlet.subset, steps):
+                continue
+            for e in state.memlet_path(edge):
+                e.data.wcr_nonatomic = True
+            changed += 1
+    return changed
+
+
+def _own_elements(subset, steps: dict[str, object]) -> bool:
+    """Whether the box ``subset`` of each iteration of maps with parameters ``steps`` (parameter -> the map's step)
+    meets no other iteration's: each parameter in a dimension of its own, as ``begin + k * param`` with a constant
+    ``k``, and ``k`` times the map's step at least the box's extent there."""
+    if subset is None:
+        return False
+    seen = set()
+    for begin, end, _ in subset.ndrange():
+        begin = dace.symbolic.pystr_to_symbolic(begin)
+        extent = dace.symbolic.pystr_to_symbolic(end) - begin + 1
+        used = [s for s in begin.free_symbols if str(s) in steps]
+        if len(used) > 1 or not extent.is_number:
+            return False
+        if used:
+            k = begin.diff(used[0]) * dace.symbolic.pystr_to_symbolic(steps[str(used[0])])
+            if not k.is_number or abs(k) < extent:
+                return False
+            seen.add(str(used[0]))
+    return seen == set(steps)
 
 
 def _has_inner_work(state: dace.SDFGState, entry: nodes.MapEntry) -> bool:

@@ -1,7 +1,9 @@
-"""CPU scheduling of generated code: small maps on one thread, short outer dimensions collapsed."""
+"""CPU scheduling of generated code: small maps on one thread, short outer dimensions collapsed, sums no two
+iterations share without atomics."""
 
 import pathlib
 
+import dace
 import pytest
 import torch
 
@@ -27,3 +29,56 @@ def test_small_maps_run_on_one_thread_and_short_outer_dimensions_are_collapsed(m
     for binary in (wide._states[-1].runner.forward_binary, wide._states[-1].runner.backward_binary):
         assert "#pragma omp parallel for collapse(3)" in _source(binary)
     assert schedule.threads() == 2
+
+
+def _sums(ranges: dict[str, str], index: str) -> dace.SDFG:
+    """An SDFG of one map over ``ranges`` adding a[...] into out[index]."""
+    sdfg = dace.SDFG("sums")
+    sdfg.add_array("a", [64, 64], dace.float32)
+    sdfg.add_array("out", [64, 64], dace.float32)
+    state = sdfg.add_state()
+    state.add_mapped_tasklet(
+        "add", ranges, {"__in": dace.Memlet("a[0, 0]")}, "__out = __in",
+        {"__out": dace.Memlet(f"out[{index}]", wcr="lambda x, y: x + y")}, external_edges=True,
+    )
+    return sdfg
+
+
+@pytest.mark.parametrize(
+    "ranges,index,own",
+    [
+        ({"i": "0:64", "j": "0:64"}, "i, j", True),
+        ({"i": "0:64", "j": "0:64:4"}, "i, j:j + 4", True),  # a vector of 4 per iteration, 4 apart
+        ({"i": "0:32", "j": "0:64"}, "2 * i + 1, j", True),
+        ({"i": "0:64", "j": "0:64:2"}, "i, j:j + 4", False),  # vectors of 4, 2 apart: they overlap
+        ({"i": "0:64", "j": "0:64"}, "i, 0", False),  # every j adds into one element
+        ({"i": "0:8", "j": "0:8"}, "i + j, 0", False),
+        ({"i": "0:64", "j": "0:64"}, "i, j * j", False),
+    ],
+)
+def test_sums_no_two_iterations_share_are_not_atomic(ranges, index, own):
+    sdfg = _sums(ranges, index)
+    assert schedule.own_element_sums(sdfg) == int(own)
+    memlets = [e.data for e, _ in sdfg.all_edges_recursive() if getattr(e.data, "wcr", None) is not None]
+    assert memlets and all(m.wcr_nonatomic == own for m in memlets)
+
+
+def test_the_parts_of_a_gradient_are_added_without_atomics():
+    torch.manual_seed(0)
+    # x's gradient comes from LayerNorm's backward (a nested SDFG, added in by a map of its own) and from the product
+    norm = torch.nn.LayerNorm(64)
+
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, x):
+            return self.norm(x) * x
+
+    session = dcnb.optimize(Residual(), torch.randn(8, 64, 64), baselines=(), time_budget=0.0)
+    assert session.current.check.ok
+    source = _source(session._states[-1].runner.backward_binary)
+    tasklets = source.split("// Tasklet code (")
+    added = [t for t in tasklets if t.startswith("accumulate_gradient_x")]
+    assert added and not any("reduce_atomic" in t.split("}")[0] for t in added)

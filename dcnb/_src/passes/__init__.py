@@ -60,6 +60,7 @@ CPU_BUILD = (
     Pass(lifetimes.scratch_once_per_binary),
     Pass(vecmath.install),
     Pass(schedule.apply),
+    Pass(schedule.own_element_sums),
 )
 
 CUDA_BUILD = (
