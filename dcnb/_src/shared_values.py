@@ -19,13 +19,16 @@ from dace.sdfg import nodes
 def split(sdfg: dace.SDFG) -> int:
     """Give each tasklet reader of a cheap shared value inside a map its own copy of the tasklet computing it, in
     ``sdfg`` and its nested SDFGs; returns how many copies were made."""
-    made = 0
-    for nested in sdfg.all_sdfgs_recursive():
-        for state in nested.states():
-            for tasklet in [n for n in state.nodes() if isinstance(n, nodes.Tasklet)]:
-                value = _shared_value(nested, state, tasklet)
-                if value is not None:
-                    made += _copy_per_reader(nested, state, tasklet, value)
+    made, fresh = 0, True
+    while fresh:  # a copy may write one of MapFusion's copies of the value, itself read twice
+        fresh = 0
+        for nested in sdfg.all_sdfgs_recursive():
+            for state in nested.states():
+                for tasklet in [n for n in state.nodes() if isinstance(n, nodes.Tasklet)]:
+                    value = _shared_value(nested, state, tasklet)
+                    if value is not None:
+                        fresh += _copy_per_reader(nested, state, tasklet, value)
+        made += fresh
     return made
 
 
