@@ -283,7 +283,9 @@ def _tasklet_fusion(sdfg: dace.SDFG, where: Where, options: dict, device: str) -
     # reaches autodiff, which cannot forward values computed inside a map (see program.differentiate)
     _repeat(MapFusion)(sdfg, where, {})
     shared_values.split(sdfg)
-    return _repeat(TaskletFusion)(sdfg, where, options)
+    merged = _repeat(TaskletFusion)(sdfg, where, options)
+    shared_values.join_inputs(sdfg)
+    return merged
 
 
 register(

@@ -47,3 +47,13 @@ def test_a_bias_add_gelu_reads_again_is_merged_and_not_stored(module, x):
         if isinstance(n, nodes.AccessNode) and state.entry_node(n) is not None
     ]
     assert not inside
+    # the merged tasklet reads the product once, so its gradient is written once, not zeroed and added into twice
+    for n, state in forward.all_nodes_recursive():
+        if isinstance(n, nodes.Tasklet) and state.entry_node(n) is not None:
+            reads = [(e.data.data, str(e.data.subset)) for e in state.in_edges(n) if e.data.data is not None]
+            assert len(reads) == len(set(reads)), n.code.as_string
+    zeroing = [
+        n.map.label for n, _ in session.backward_sdfg.all_nodes_recursive()
+        if isinstance(n, nodes.MapEntry) and n.map.label.startswith("zero_gradient")
+    ]
+    assert not zeroing
