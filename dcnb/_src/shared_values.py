@@ -16,6 +16,7 @@ import ast
 import dace
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
+from dace.transformation.dataflow.tasklet_fusion import PythonConnectorRenamer
 
 
 def split(sdfg: dace.SDFG) -> int:
@@ -64,18 +65,10 @@ def join_inputs(sdfg: dace.SDFG) -> int:
                     state.remove_memlet_path(edge)
                     tasklet.remove_in_connector(edge.dst_conn)
                 if renamed:
-                    code = _Renamed(renamed).visit(ast.parse(tasklet.code.as_string))
+                    code = PythonConnectorRenamer(renamed).visit(ast.parse(tasklet.code.as_string))
                     tasklet.code = CodeBlock(ast.unparse(code), dace.Language.Python)
                     joined += len(renamed)
     return joined
-
-
-class _Renamed(ast.NodeTransformer):
-    def __init__(self, names: dict[str, str]) -> None:
-        self.names = names
-
-    def visit_Name(self, node: ast.Name) -> ast.Name:
-        return ast.copy_location(ast.Name(self.names.get(node.id, node.id), node.ctx), node)
 
 
 def _shared_value(sdfg: dace.SDFG, state: dace.SDFGState, tasklet: nodes.Tasklet) -> nodes.AccessNode | None:
