@@ -8,8 +8,8 @@ build saved (``dace.conf``), with the compiler flags the build adds (``build._ow
 of its own (the build cache's key leaves instrumentation out, so the cache would hand back the uninstrumented
 binary), and called through a ``Runner`` of its own, forward and backward as the session times a step, on the
 session's inputs and upstream gradients (``Session.calls``). DaCe writes its timers' report when a binary is
-finalized; each node's time is the median over the calls, the first left out. The instrumented binaries call DaCe's Python entry
-(they have no entry for dcnb's C++ call path), whose overhead is in the call's time, in no node's.
+finalized; each node's time is the median over the calls, the first left out. The instrumented binaries call
+DaCe's Python entry (they have no entry for dcnb's C++ call path), whose overhead is in the call's time, in no node's.
 
 Nothing of the session changes: its states, binaries and timings are not touched, and the user's module is left as
 it was (``verify.preserved``: parameters, their gradients, buffers, training flags; the inputs are copies). The
