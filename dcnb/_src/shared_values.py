@@ -18,6 +18,8 @@ from dace.properties import CodeBlock
 from dace.sdfg import nodes
 from dace.transformation.dataflow.tasklet_fusion import PythonConnectorRenamer
 
+from . import tasklet_code
+
 
 def split(sdfg: dace.SDFG) -> int:
     """Give each tasklet reader of a cheap shared value inside a map its own copy of the tasklet computing it, in
@@ -118,13 +120,7 @@ def _cheap(tasklet: nodes.Tasklet) -> bool:
 
 
 def _constant_cast(call: ast.Call) -> bool:
-    function = call.func
-    return (
-        isinstance(function, ast.Attribute)
-        and isinstance(function.value, ast.Name)
-        and function.value.id == "dace"
-        and all(isinstance(a, ast.Constant) for a in call.args)
-    )
+    return tasklet_code.dace_type(call.func) is not None and all(isinstance(a, ast.Constant) for a in call.args)
 
 
 def _copy_per_reader(
