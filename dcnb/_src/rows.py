@@ -43,6 +43,7 @@ from dace.transformation.optimizer import Optimizer
 
 from . import dace_internals, matching, partial_sums, reductions
 from .passes import cuda_build
+from .passes.simplify import simplify
 
 #: elements up to which a constant-size transient lives on the stack (a row of 4096 floats is 16 KiB)
 STACK_ELEMENTS = 4096
@@ -60,24 +61,24 @@ def apply(sdfg: dace.SDFG, where, options: dict) -> int:
         return 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fused = _rows(sdfg, simplify=True)
+        fused = _rows(sdfg, top_level=True)
         # an op's nested SDFG that simplify left nested (of a BERT layer's two LayerNorm backwards, the first: 3.2 ms
         # on the BERT-mini layer as 16 maps, its inlined twin 0.3 in rows) is made rows of in place
         for nested in _whole_ops(sdfg):
-            fused += _rows(nested, simplify=False)
+            fused += _rows(nested, top_level=False)
     return max(fused, 1)
 
 
-def _rows(sdfg: dace.SDFG, simplify: bool) -> int:
+def _rows(sdfg: dace.SDFG, top_level: bool) -> int:
     _expand(sdfg, keep=lambda n, s: isinstance(n, Reduce) and reductions.is_column_sum(n, s))
-    if simplify:
-        sdfg.simplify()
+    if top_level:
+        simplify(sdfg)
     _split_rows(sdfg)
     fused = _fuse_outermost(sdfg)
     fused += partial_sums.fold(sdfg)
     _expand(sdfg)
-    if simplify:
-        sdfg.simplify()
+    if top_level:
+        simplify(sdfg)
     fused += _fuse_outermost(sdfg)  # the column sums left with the maps that add them into the gradients
     fused += _fuse(sdfg, _inner)
     for state in sdfg.states():

@@ -28,6 +28,7 @@ from .errors import check
 from .matching import Where
 from .fixes import registry
 from .passes import auto_optimize, cuda_build
+from .passes.simplify import simplify
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +155,7 @@ def _onnx_nodes(sdfg: dace.SDFG, where: Where) -> list[ONNXOp]:
 def _expand(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
     targets = _onnx_nodes(sdfg, where)
     expand_onnx_nodes(sdfg, predicate=lambda n: where is None or n.label in where)
-    sdfg.simplify()
+    simplify(sdfg)
     return len(targets)
 
 

@@ -10,6 +10,8 @@ The phases, in the order a step meets them:
 - ``CPU_BUILD`` / ``CUDA_BUILD``: on the SDFGs about to be compiled. What they return is what runs, what the
   views draw and what a step's counts are taken from.
 
+Every phase and step simplifies through ``simplify.simplify``: DaCe's simplify, with what it drops put back.
+
 Fixes that are not passes (expansions and backward rules of ONNX ops) live with their op family in ``fixes``.
 """
 

@@ -24,6 +24,8 @@ from dace.transformation.dataflow import MapCollapse, MapFusionHorizontal, Trivi
 from dace.transformation.interstate import LoopToMap, MoveLoopIntoMap
 from dace.transformation.passes import FullMapFusion
 
+from .simplify import simplify
+
 Library = Callable[[dace.DeviceType], list[str]]
 
 
@@ -91,7 +93,7 @@ def fuse_maps(sdfg: dace.SDFG) -> None:
 
 def _greedy_fuse(sdfg: dace.SDFG, device: dace.DeviceType, **options) -> None:
     # what DaCe's greedy_fuse does given an SDFG, fuse_maps in place of its FullMapFusion; given a state it is as it was
-    sdfg.simplify()
+    simplify(sdfg)
     fuse_maps(sdfg)
     for state in list(sdfg.states()):
         dace_auto.greedy_fuse(state, validate_all=False, device=device, **options)
@@ -100,14 +102,14 @@ def _greedy_fuse(sdfg: dace.SDFG, device: dace.DeviceType, **options) -> None:
 def _simplify_and_parallelize(sdfg: dace.SDFG, device: dace.DeviceType, library: Library | None) -> None:
     sdfg.apply_transformations_repeated(TrivialMapElimination, validate=False)
     while True:
-        sdfg.simplify(validate=False)
+        simplify(sdfg, validate=False)
         if not sdfg.apply_transformations_repeated(LoopToMap, validate=False):
             break
-    sdfg.simplify()
+    simplify(sdfg)
     sdfg.apply_transformations_repeated(MapCollapse, validate=False)
     if device == dace.DeviceType.GPU:
-        sdfg.apply_gpu_transformations()
-        sdfg.simplify()
+        sdfg.apply_gpu_transformations(simplify=False)
+        simplify(sdfg)
 
 
 def _fuse(sdfg: dace.SDFG, device: dace.DeviceType, library: Library | None) -> None:

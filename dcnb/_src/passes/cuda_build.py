@@ -7,6 +7,8 @@ from dace import data as dt
 from dace.sdfg import nodes
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
+from .simplify import simplify
+
 
 def to_gpu(sdfg: dace.SDFG) -> int:
     """Place arguments in GPU memory and turn every outermost host map and library node into GPU code; returns the
@@ -18,12 +20,13 @@ def to_gpu(sdfg: dace.SDFG) -> int:
     # DaCe passed scalars of their nested SDFGs to kernels as values where pointers were needed (LayerNorm's
     # backward did not compile)
     expand_onnx_nodes(sdfg)
-    sdfg.simplify()
+    simplify(sdfg)
     accumulating_copies_to_maps(sdfg)
     for desc in sdfg.arrays.values():
         if not desc.transient and not isinstance(desc, dt.Scalar):
             desc.storage = dace.StorageType.GPU_Global
-    sdfg.apply_gpu_transformations()
+    sdfg.apply_gpu_transformations(simplify=False)
+    simplify(sdfg)
     return moved
 
 

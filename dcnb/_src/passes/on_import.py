@@ -11,6 +11,8 @@ from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
+from .simplify import simplify
+
 
 def lower(sdfg: dace.SDFG) -> None:
     """Expand the ONNX nodes that autodiff would expand anyway (those without a backward rule), then simplify.
@@ -26,7 +28,7 @@ def lower(sdfg: dace.SDFG) -> None:
         if not targets:
             break
         expand_onnx_nodes(sdfg, predicate=lambda n: n in targets)
-    sdfg.simplify()
+    simplify(sdfg)
 
 
 def transposes_into_products(sdfg: dace.SDFG) -> int:
