@@ -1,11 +1,15 @@
-"""The map fusion that opens dcnb's auto_optimize fuses what DaCe's FullMapFusion fuses, without walking the graph
-for every pair of maps (passes/auto_optimize.py)."""
+"""dcnb's auto_optimize fuses what DaCe's greedy_fuse fuses: its map fusion without walking the graph for every pair
+of maps, its subgraph fusion without copying the SDFG for sets of maps that cannot fuse (passes/auto_optimize.py)."""
 
 import dace
+import numpy as np
 import pytest
 from dace.sdfg import nodes
 from dace.transformation.dataflow import map_fusion_helper
+from dace.transformation.auto import auto_optimize as dace_auto
 from dace.transformation.passes import FullMapFusion
+from dace.transformation.subgraph import CompositeFusion
+from dace.transformation.subgraph import helpers as subgraph_helpers
 
 from dcnb._src.passes import auto_optimize
 
@@ -84,3 +88,66 @@ def test_dace_prints_no_progress_into_the_cells_output():
     import dcnb  # noqa: F401
 
     assert dace.Config.get_bool("progress") is False
+
+
+def _transposed_maps(feedback: bool) -> dace.SDFG:
+    """m1 over (i, j) writes t; m2 over (j, i) scales it into b: fusable once m2's parameters are reordered (DaCe's
+    MultiExpansion, on a copy of the SDFG). With ``feedback``, m3 reads t and writes c, which m2 reads too: a path
+    out of {m1, m2} back into it."""
+    sdfg = dace.SDFG("transposed_maps_feedback" if feedback else "transposed_maps")
+    for name in ("a", "t", "b", "c"):
+        sdfg.add_array(name, [N, 8], dace.float32, transient=name in ("t", "c"))
+    state = sdfg.add_state()
+    a, t, b = state.add_access("a"), state.add_access("t"), state.add_access("b")
+    state.add_mapped_tasklet(
+        "m1", {"i": f"0:{N}", "j": "0:8"}, {"x": dace.Memlet("a[i, j]")}, "y = 2 * x", {"y": dace.Memlet("t[i, j]")},
+        external_edges=True, input_nodes={"a": a}, output_nodes={"t": t},
+    )
+    inputs, code, input_nodes = {"x": dace.Memlet("t[i, j]")}, "y = x + 1", {"t": t}
+    if feedback:
+        c = state.add_access("c")
+        state.add_mapped_tasklet(
+            "m3", {"i": f"0:{N}", "j": "0:8"}, {"x": dace.Memlet("t[i, j]")}, "y = x * x", {"y": dace.Memlet("c[i, j]")},
+            external_edges=True, input_nodes={"t": t}, output_nodes={"c": c},
+        )
+        inputs["u"], code, input_nodes["c"] = dace.Memlet("c[i, j]"), "y = x + u", c
+    state.add_mapped_tasklet(
+        "m2", {"j": "0:8", "i": f"0:{N}"}, inputs, code, {"y": dace.Memlet("b[i, j]")},
+        external_edges=True, input_nodes=input_nodes, output_nodes={"b": b},
+    )
+    return sdfg
+
+
+def test_subgraph_fusion_fuses_what_greedy_fuse_fuses():
+    ours, theirs = _transposed_maps(False), _transposed_maps(False)
+    auto_optimize._greedy_fuse(ours, dace.DeviceType.CPU)
+    dace_auto.greedy_fuse(theirs, validate_all=True, device=dace.DeviceType.CPU)
+    ours.validate()
+    assert _maps(ours) == _maps(theirs) == 1
+    a = np.random.rand(N, 8).astype(np.float32)
+    b = np.zeros((N, 8), np.float32)
+    ours(a=a, b=b)
+    np.testing.assert_allclose(b, 2 * a + 1, rtol=1e-6)
+
+
+def test_sets_of_maps_that_cannot_fuse_are_refused_without_copying_the_sdfg(monkeypatch):
+    sdfg = _transposed_maps(True)
+    state = sdfg.start_state
+    entries = [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and n.map.label[:2] in ("m1", "m2")]
+    assert len(entries) == 2
+    subgraph = subgraph_helpers.subgraph_from_maps(sdfg, state, entries)
+    copies = []
+    deepcopy = dace.SDFG.__deepcopy__
+
+    def counted(self, memo):
+        copies.append(1)
+        return deepcopy(self, memo)
+
+    monkeypatch.setattr(dace.SDFG, "__deepcopy__", counted)
+    condition = CompositeFusion()
+    assert not condition.can_be_applied(sdfg, subgraph)
+    # DaCe expands a copy of the whole SDFG to find that out: the cost this avoids
+    assert copies
+    copies.clear()
+    assert not auto_optimize._fusible(condition)(sdfg, subgraph)
+    assert not copies

@@ -1,12 +1,12 @@
-"""DaCe's auto_optimize, its own parts in its order (``PIPELINE``), with the map fusion that opens each greedy fusion
-made to scale with the graph.
+"""DaCe's auto_optimize, its own parts in its order (``PIPELINE``), with its greedy fusion made to scale with the
+graph: the map fusion that opens it, and the test of each set of maps its subgraph fusion tries (``_fusible``).
 
 gap: DaCe's ``greedy_fuse`` opens with ``FullMapFusion``, whose ``MapFusionHorizontal`` matches every pair of maps
 in a state, walks the graph twice per pair to see whether they are parallel, applies one fusion and starts the
 matching again: a ResNet-18's backward (1466 nodes) spent 11 minutes there, the whole step 12. Here the pairs are
 found from one reachability table per state, grouped by scope, schedule and ranges, and each is fused by DaCe's
 MapFusionHorizontal after its own test; vertical fusion is DaCe's FullMapFusion as it was, and every other part
-is called as auto_optimize calls it.
+is called as auto_optimize calls it. The result is DaCe's: a ResNet-18's SDFGs after it have the build key they had.
 """
 
 from __future__ import annotations
@@ -18,11 +18,15 @@ from collections.abc import Callable, Iterator
 import dace
 from dace.sdfg import infer_types, nodes
 from dace.sdfg import utils as sdutil
+from dace.sdfg.graph import SubgraphView
 from dace.sdfg.state import SDFGState
 from dace.transformation.auto import auto_optimize as dace_auto
 from dace.transformation.dataflow import MapCollapse, MapFusionHorizontal, TrivialMapElimination
 from dace.transformation.interstate import LoopToMap, MoveLoopIntoMap
+from dace.transformation.estimator.enumeration import GreedyEnumerator
 from dace.transformation.passes import FullMapFusion
+from dace.transformation.subgraph import CompositeFusion, SubgraphFusion
+from dace.transformation.subgraph import helpers as subgraph_helpers
 
 from .simplify import simplify
 
@@ -91,12 +95,75 @@ def fuse_maps(sdfg: dace.SDFG) -> None:
             break
 
 
-def _greedy_fuse(sdfg: dace.SDFG, device: dace.DeviceType, **options) -> None:
-    # what DaCe's greedy_fuse does given an SDFG, fuse_maps in place of its FullMapFusion; given a state it is as it was
+def _greedy_fuse(sdfg: dace.SDFG, device: dace.DeviceType, recursive: bool = True, stencil: bool = False) -> bool:
+    # what DaCe's greedy_fuse does given an SDFG: fuse_maps in place of its FullMapFusion, then each state's
+    # subgraphs; returns whether a subgraph was fused after the last map fusion
     simplify(sdfg)
     fuse_maps(sdfg)
+    changed = False
     for state in list(sdfg.states()):
-        dace_auto.greedy_fuse(state, validate_all=False, device=device, **options)
+        if changed:  # DaCe fuses maps vertically before each state; unchanged since fuse_maps, none would fuse
+            FullMapFusion(strict_dataflow=True, perform_horizontal_map_fusion=False).apply_pass(sdfg, {})
+        changed = _fuse_subgraphs(sdfg, state, SubgraphView(state, state.nodes()), device, recursive, stencil)
+    return changed
+
+
+def _fuse_subgraphs(
+    sdfg: dace.SDFG, state: SDFGState, scope: SubgraphView, device: dace.DeviceType, recursive: bool, stencil: bool
+) -> bool:
+    """What DaCe's greedy_fuse does given a state or a scope: CompositeFusion applied to each set of maps its greedy
+    enumeration finds, into the fused scopes and nested SDFGs; the enumeration tests a set with :func:`_fusible`.
+    Returns whether a fusion was applied."""
+    condition = _composite(stencil)
+    changed = False
+    for entries in GreedyEnumerator(sdfg, state, scope, condition_function=_fusible(condition)):
+        entry = entries[0]
+        if len(entries) > 1:
+            fusion = _composite(stencil)
+            fusion.setup_match(subgraph_helpers.subgraph_from_maps(sdfg, state, entries))
+            fusion.apply(sdfg)
+            entry = fusion._global_map_entry
+            changed = True
+        if recursive:
+            inner = state.scope_subgraph(entry, include_entry=False, include_exit=False)
+            changed |= _fuse_subgraphs(sdfg, state, inner, device, recursive, stencil)
+    for node in scope.nodes():
+        if isinstance(node, nodes.NestedSDFG):
+            changed |= _greedy_fuse(node.sdfg, device, recursive, stencil)
+    return changed
+
+
+def _composite(stencil: bool) -> CompositeFusion:
+    # greedy_fuse's settings (its GPU loop unrolling is set on its test only, which does not read it)
+    fusion = CompositeFusion()
+    fusion.allow_tiling = stencil
+    fusion.expansion_split = False
+    if stencil:
+        fusion.schedule_innermaps = dace.ScheduleType.Sequential
+    return fusion
+
+
+def _fusible(condition: CompositeFusion) -> Callable[[dace.SDFG, SubgraphView], bool]:
+    """``condition``'s test, its answers unchanged, that looks where the maps sit before it copies the SDFG.
+
+    gap: CompositeFusion deep-copies the whole SDFG for each set of maps it could expand to a common outer map, to
+    test fusion on the expanded copy: 73 tests and 22 s of a ResNet-18's auto_optimize. Each of its tests needs the
+    maps' neighbours to be fusible (no array between them also written from outside; no path out of the set back
+    into it), and expansion does not change them: it splits a map inside its own scope.
+    """
+
+    def test(sdfg: dace.SDFG, subgraph: SubgraphView) -> bool:
+        state = subgraph.graph
+        entries = subgraph_helpers.get_outermost_scope_maps(sdfg, state, subgraph)
+        try:
+            _, between, out = SubgraphFusion.get_adjacent_nodes(sdfg, state, entries)
+        except NotImplementedError:
+            return False
+        if not SubgraphFusion.check_topo_feasibility(sdfg, state, entries, between, out):
+            return False
+        return condition.can_be_applied(sdfg, subgraph)
+
+    return test
 
 
 def _simplify_and_parallelize(sdfg: dace.SDFG, device: dace.DeviceType, library: Library | None) -> None:
