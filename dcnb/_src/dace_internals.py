@@ -31,6 +31,12 @@ def pattern_nodes(match: PatternTransformation) -> list:
     return [getattr(match, name) for name in type(match)._get_pattern_nodes()]
 
 
+def bound_nodes(match: PatternTransformation) -> dict:
+    """The nodes a match binds, by the pattern nodes of the expression it matched (kept only as ``_subgraph_user``)."""
+    state = match_state(match)
+    return {pattern: state.node(i) for pattern, i in match._subgraph_user.items()}
+
+
 # --- graph edits ----------------------------------------------------------------------------------------------
 
 

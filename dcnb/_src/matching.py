@@ -33,8 +33,13 @@ def matches(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for match in Optimizer(sdfg).get_pattern_matches(patterns=[xform], options=[options] if options else None):
-            if where is None or any(label(n) in where for n in dace_internals.pattern_nodes(match)):
+            if touches(match, where):
                 yield match
+
+
+def touches(match: PatternTransformation, where: Where) -> bool:
+    """Whether ``match`` binds a node named in ``where`` (any, where None)."""
+    return where is None or any(label(n) in where for n in dace_internals.pattern_nodes(match))
 
 
 def apply_repeated(
@@ -48,3 +53,56 @@ def apply_repeated(
         apply(match)
         applied += 1
     return applied
+
+
+
+def apply_in_rounds(
+    find: Callable[[], Iterator[PatternTransformation]],
+    apply: Callable[[PatternTransformation], object] = lambda match: match.apply_pattern(append=False),
+    accept: Callable[[PatternTransformation], bool] = lambda match: True,
+) -> int:
+    """Apply, one after the other, each match ``find`` yields that ``accept``s and still applies to the graph as
+    the ones before it left it; again until a round applies none. Returns how many were applied.
+
+    Unlike ``apply_repeated``, a round tests each place once: matching again from the start after every fusion
+    tested the same refused places hundreds of times (10k MapFusion tests for 325 fusions on a ViT's backward).
+    """
+    applied = 0
+    while True:
+        places = [_Place(match) for match in find() if accept(match)]
+        ids: dict[dace.SDFGState, dict[nodes.Node, int]] = {}
+        before = applied
+        for place in places:
+            match = place.bind(ids)
+            if match is None or not accept(match):
+                continue
+            state, sdfg = dace_internals.match_state(match), dace_internals.match_sdfg(match)
+            if match.can_be_applied(state, match.expr_index, sdfg):
+                apply(match)
+                ids.pop(state, None)  # node ids shift as a state changes; the nodes do not
+                applied += 1
+        if applied == before:
+            return applied
+
+
+class _Place:
+    """Where a match was found: its transformation, options and nodes, to be bound again after the graph changed."""
+
+    def __init__(self, match: PatternTransformation):
+        self.xform, self.expr_index = type(match), match.expr_index
+        self.sdfg, self.state = dace_internals.match_sdfg(match), dace_internals.match_state(match)
+        self.options = {name: getattr(match, name) for name in self.xform.__properties__}
+        self.nodes = dace_internals.bound_nodes(match)
+
+    def bind(self, ids: dict[dace.SDFGState, dict[nodes.Node, int]]) -> PatternTransformation | None:
+        """The transformation on the same nodes, or None where one of them is gone."""
+        if self.state not in ids:
+            ids[self.state] = {node: i for i, node in enumerate(self.state.nodes())}
+        index = ids[self.state]
+        if any(node not in index for node in self.nodes.values()):
+            return None
+        match = self.xform()
+        subgraph = {pattern: index[node] for pattern, node in self.nodes.items()}
+        match.setup_match(self.sdfg, self.state.parent_graph.cfg_id, self.state.block_id, subgraph, self.expr_index,
+                          options=self.options)
+        return match

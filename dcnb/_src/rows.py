@@ -149,10 +149,7 @@ def _fuse_outermost(sdfg: dace.SDFG) -> int:
 
 
 def _fuse(sdfg: dace.SDFG, which: Callable[[MapFusion], bool]) -> int:
-    return matching.apply_repeated(
-        lambda: next((m for m in Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion]) if which(m)), None),
-        _fuse_one,
-    )
+    return matching.apply_in_rounds(lambda: Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion]), _fuse_one, which)
 
 
 def _fuse_one(match: MapFusion) -> None:

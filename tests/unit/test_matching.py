@@ -1,0 +1,66 @@
+"""Applying a transformation wherever it matches: in rounds, each place tested once a round (matching.py)."""
+
+import dace
+import numpy as np
+from dace.sdfg import nodes
+from dace.transformation.dataflow import MapFusion
+from dace.transformation.optimizer import Optimizer
+
+from dcnb._src import matching
+
+N = 32
+
+
+def _chains(length: int) -> dace.SDFG:
+    """Two chains of ``length`` maps: in the first each reads its input one element further on (no two fuse), in
+    the second each reads its input where it was written (all fuse into one)."""
+    sdfg = dace.SDFG("chains")
+    state = sdfg.add_state()
+    for chain, shift in (("s", 1), ("f", 0)):
+        sdfg.add_array(f"{chain}0", [N], dace.float32)
+        previous = state.add_access(f"{chain}0")
+        for k in range(1, length + 1):
+            sdfg.add_array(f"{chain}{k}", [N], dace.float32, transient=k < length)
+            out = state.add_access(f"{chain}{k}")
+            state.add_mapped_tasklet(
+                f"{chain}m{k}", {"i": f"0:{N - shift}"}, {"x": dace.Memlet(f"{chain}{k - 1}[i + {shift}]")},
+                "y = x + 1", {"y": dace.Memlet(f"{chain}{k}[i]")}, external_edges=True,
+                input_nodes={f"{chain}{k - 1}": previous}, output_nodes={f"{chain}{k}": out},
+            )
+            previous = out
+    return sdfg
+
+
+def _maps(sdfg: dace.SDFG) -> int:
+    return sum(isinstance(n, nodes.MapEntry) for n, _ in sdfg.all_nodes_recursive())
+
+
+def _counted(monkeypatch) -> list:
+    tests = []
+    test = MapFusion.can_be_applied
+
+    def counted(self, *args, **kwargs):
+        tests.append(1)
+        return test(self, *args, **kwargs)
+
+    monkeypatch.setattr(MapFusion, "can_be_applied", counted)
+    return tests
+
+
+def test_rounds_fuse_what_repeating_fuses_testing_each_place_once_a_round(monkeypatch):
+    tests = _counted(monkeypatch)
+    theirs, ours = _chains(10), _chains(10)
+    repeated = matching.apply_repeated(lambda: next(Optimizer(theirs).get_pattern_matches(patterns=[MapFusion]), None))
+    repeated_tests = len(tests)
+    tests.clear()
+    rounds = matching.apply_in_rounds(lambda: Optimizer(ours).get_pattern_matches(patterns=[MapFusion]))
+    assert rounds == repeated == 9
+    assert _maps(ours) == _maps(theirs) == 11
+    # matching again from the start after every fusion tests the refused chain's places before each fusion
+    assert len(tests) < repeated_tests / 2
+    ours.validate()
+    arrays = {f"{c}{k}": np.zeros(N, np.float32) for c in "sf" for k in (0, 10)}
+    arrays["f0"][:] = np.arange(N)
+    ours(**arrays)
+    np.testing.assert_array_equal(arrays["f10"], np.arange(N) + 10)
+
