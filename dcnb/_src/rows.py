@@ -27,6 +27,7 @@ built for sm_90 without a GPU (tests/compile/test_rows_cuda.py), not yet run on 
 from __future__ import annotations
 
 import warnings
+from collections import defaultdict
 from collections.abc import Callable
 
 import dace
@@ -209,24 +210,39 @@ def _split_rows(sdfg: dace.SDFG) -> None:
             MapExpansion.apply_to(
                 sdfg, map_entry=entry, expansion_limit=dims - 1, inner_schedule=dace.ScheduleType.Sequential
             )
-    while _collapse_one(sdfg):
-        pass
+    _collapse(sdfg)
 
 
-def _collapse_one(sdfg: dace.SDFG) -> bool:
-    """Collapse one pair of nested maps whose inner map is not innermost (its body holds another map)."""
-    for state in sdfg.states():
-        for outer in [n for n in state.nodes() if isinstance(n, nodes.MapEntry)]:
-            inner = {e.dst for e in state.out_edges(outer)}
-            if len(inner) != 1 or not isinstance(next(iter(inner)), nodes.MapEntry):
-                continue
-            inner = next(iter(inner))
-            if not any(isinstance(e.dst, nodes.MapEntry) for e in state.out_edges(inner)):
+def _collapse(sdfg: dace.SDFG) -> None:
+    """Collapse each pair of nested maps whose inner map is not innermost (its body holds another map), in rounds
+    until none is left; memlets are propagated once, from the maps collapsed (after each collapse, the scope tree
+    this needed took a third of a ResNet-18's fuse_rows step)."""
+    collapsed: dict[dace.SDFGState, list[nodes.MapEntry]] = defaultdict(list)
+    applied = True
+    while applied:
+        applied = False
+        pairs = [(state, outer) for state in sdfg.states() for outer in state.nodes() if _inner_map(state, outer)]
+        for state, outer in pairs:
+            inner = _inner_map(state, outer) if outer in state.nodes() else None
+            if inner is None:  # changed by a collapse before it in this round
                 continue
             # MapExpansion made the inner maps sequential; the outer part of the rows keeps the outer schedule
             inner.map.schedule = outer.map.schedule
             if MapCollapse.can_be_applied_to(sdfg, outer_map_entry=outer, inner_map_entry=inner):
                 entry, _ = MapCollapse.apply_to(sdfg, annotate=False, outer_map_entry=outer, inner_map_entry=inner)
-                propagate_memlets_scope(state.sdfg, state, state.scope_tree()[entry])
-                return True
-    return False
+                collapsed[state].append(entry)
+                applied = True
+    for state, entries in collapsed.items():
+        tree = state.scope_tree()
+        propagate_memlets_scope(state.sdfg, state, [tree[e] for e in entries if e in tree])
+
+
+def _inner_map(state: dace.SDFGState, outer: nodes.Node) -> nodes.MapEntry | None:
+    """The map nested alone in ``outer`` whose body holds another map, if ``outer`` is a map entry with one."""
+    if not isinstance(outer, nodes.MapEntry):
+        return None
+    inner = {e.dst for e in state.out_edges(outer)}
+    if len(inner) != 1 or not isinstance(next(iter(inner)), nodes.MapEntry):
+        return None
+    inner = next(iter(inner))
+    return inner if any(isinstance(e.dst, nodes.MapEntry) for e in state.out_edges(inner)) else None
