@@ -5,6 +5,7 @@ A cache of its own (a fresh ``DCNB_CACHE`` under /tmp), so that every build is b
 
     .venv/bin/python benchmarks/transform_time.py --json
     .venv/bin/python benchmarks/transform_time.py --steps auto_optimize --json
+    .venv/bin/python benchmarks/transform_time.py --steps auto_optimize fuse_rows map_fusion --each-from-naive --json
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="one JSON line")
     parser.add_argument("--steps", nargs="*", default=[], help="actions to apply after the naive step")
+    parser.add_argument("--each-from-naive", action="store_true", help="apply each step to the naive one (undo after)")
     args = parser.parse_args()
     os.environ["DCNB_CACHE"] = tempfile.mkdtemp(prefix="dcnb-transform-time-")
     warnings.simplefilter("ignore")
@@ -81,6 +83,8 @@ def main() -> None:
         result |= {f"{name}_ok": step.ok, f"{name}_s": phases.total(), f"{name}_phases": phases.seconds}
         if not step.ok:
             result[f"{name}_error"] = (step.error or "").splitlines()[0][:200]
+        elif args.each_from_naive:
+            session.undo()
     print_result(result, args.json)
 
 

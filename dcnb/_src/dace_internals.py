@@ -9,6 +9,7 @@ from __future__ import annotations
 import dace
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.transformation import PatternTransformation
+from dace.transformation.subgraph import CompositeFusion
 
 CHECKED_WITH = "2.0.0b1"
 
@@ -35,6 +36,11 @@ def bound_nodes(match: PatternTransformation) -> dict:
     """The nodes a match binds, by the pattern nodes of the expression it matched (kept only as ``_subgraph_user``)."""
     state = match_state(match)
     return {pattern: state.node(i) for pattern, i in match._subgraph_user.items()}
+
+
+def fused_entry(fusion: CompositeFusion) -> dace.nodes.MapEntry:
+    """The map an applied CompositeFusion made: kept only as ``_global_map_entry`` (DaCe's greedy_fuse reads it so)."""
+    return fusion._global_map_entry
 
 
 # --- graph edits ----------------------------------------------------------------------------------------------

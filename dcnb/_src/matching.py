@@ -1,5 +1,5 @@
-"""Where a DaCe transformation matches, narrowed to the nodes a user named (``where``), and applying matches one
-at a time until none is left."""
+"""Where a DaCe transformation matches, narrowed to the nodes a user named (``where``), and applying matches until
+none is left: one at a time, matching again after each, or in rounds."""
 
 from __future__ import annotations
 
@@ -53,7 +53,6 @@ def apply_repeated(
         apply(match)
         applied += 1
     return applied
-
 
 
 def apply_in_rounds(

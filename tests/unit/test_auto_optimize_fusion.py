@@ -120,7 +120,7 @@ def _transposed_maps(feedback: bool) -> dace.SDFG:
 
 def test_subgraph_fusion_fuses_what_greedy_fuse_fuses():
     ours, theirs = _transposed_maps(False), _transposed_maps(False)
-    auto_optimize._greedy_fuse(ours, dace.DeviceType.CPU)
+    auto_optimize._greedy_fuse(ours)
     dace_auto.greedy_fuse(theirs, validate_all=True, device=dace.DeviceType.CPU)
     ours.validate()
     assert _maps(ours) == _maps(theirs) == 1

@@ -22,12 +22,13 @@ from dace.sdfg.graph import SubgraphView
 from dace.sdfg.state import SDFGState
 from dace.transformation.auto import auto_optimize as dace_auto
 from dace.transformation.dataflow import MapCollapse, MapFusionHorizontal, TrivialMapElimination
-from dace.transformation.interstate import LoopToMap, MoveLoopIntoMap
 from dace.transformation.estimator.enumeration import GreedyEnumerator
+from dace.transformation.interstate import LoopToMap, MoveLoopIntoMap
 from dace.transformation.passes import FullMapFusion
 from dace.transformation.subgraph import CompositeFusion, SubgraphFusion
 from dace.transformation.subgraph import helpers as subgraph_helpers
 
+from .. import dace_internals
 from .simplify import simplify
 
 Library = Callable[[dace.DeviceType], list[str]]
@@ -100,7 +101,7 @@ def fuse_maps(sdfg: dace.SDFG) -> None:
             break
 
 
-def _greedy_fuse(sdfg: dace.SDFG, device: dace.DeviceType, recursive: bool = True, stencil: bool = False) -> bool:
+def _greedy_fuse(sdfg: dace.SDFG, recursive: bool = True, stencil: bool = False) -> bool:
     # what DaCe's greedy_fuse does given an SDFG: fuse_maps in place of its FullMapFusion, then each state's
     # subgraphs; returns whether a subgraph was fused after the last map fusion
     simplify(sdfg, validate=False)
@@ -109,13 +110,11 @@ def _greedy_fuse(sdfg: dace.SDFG, device: dace.DeviceType, recursive: bool = Tru
     for state in list(sdfg.states()):
         if changed:  # DaCe fuses maps vertically before each state; unchanged since fuse_maps, none would fuse
             _vertical_fusion().apply_pass(sdfg, {})
-        changed = _fuse_subgraphs(sdfg, state, SubgraphView(state, state.nodes()), device, recursive, stencil)
+        changed = _fuse_subgraphs(sdfg, state, SubgraphView(state, state.nodes()), recursive, stencil)
     return changed
 
 
-def _fuse_subgraphs(
-    sdfg: dace.SDFG, state: SDFGState, scope: SubgraphView, device: dace.DeviceType, recursive: bool, stencil: bool
-) -> bool:
+def _fuse_subgraphs(sdfg: dace.SDFG, state: SDFGState, scope: SubgraphView, recursive: bool, stencil: bool) -> bool:
     """What DaCe's greedy_fuse does given a state or a scope: CompositeFusion applied to each set of maps its greedy
     enumeration finds, into the fused scopes and nested SDFGs; the enumeration tests a set with :func:`_fusible`.
     Returns whether a fusion was applied."""
@@ -127,19 +126,19 @@ def _fuse_subgraphs(
             fusion = _composite(stencil)
             fusion.setup_match(subgraph_helpers.subgraph_from_maps(sdfg, state, entries))
             fusion.apply(sdfg)
-            entry = fusion._global_map_entry
+            entry = dace_internals.fused_entry(fusion)
             changed = True
         if recursive:
             inner = state.scope_subgraph(entry, include_entry=False, include_exit=False)
-            changed |= _fuse_subgraphs(sdfg, state, inner, device, recursive, stencil)
+            changed |= _fuse_subgraphs(sdfg, state, inner, recursive, stencil)
     for node in scope.nodes():
         if isinstance(node, nodes.NestedSDFG):
-            changed |= _greedy_fuse(node.sdfg, device, recursive, stencil)
+            changed |= _greedy_fuse(node.sdfg, recursive, stencil)
     return changed
 
 
 def _composite(stencil: bool) -> CompositeFusion:
-    # greedy_fuse's settings (its GPU loop unrolling is set on its test only, which does not read it)
+    # greedy_fuse's settings; its only one for GPUs (loop unrolling) it sets on its test, which does not read it
     fusion = CompositeFusion()
     fusion.allow_tiling = stencil
     fusion.expansion_split = False
@@ -186,8 +185,8 @@ def _simplify_and_parallelize(sdfg: dace.SDFG, device: dace.DeviceType, library:
 
 def _fuse(sdfg: dace.SDFG, device: dace.DeviceType, library: Library | None) -> None:
     sdfg.reset_cfg_list()
-    _greedy_fuse(sdfg, device)
-    _greedy_fuse(sdfg, device, recursive=False, stencil=True)
+    _greedy_fuse(sdfg)
+    _greedy_fuse(sdfg, recursive=False, stencil=True)
     sdfg.apply_transformations_repeated([MoveLoopIntoMap])
 
 
