@@ -136,4 +136,9 @@ def places(sdfg: dace.SDFG, where: Where, options: dict) -> list[nodes.MapEntry]
 def apply(sdfg: dace.SDFG, where: Where, options: dict) -> int:
     # the vector overloads of the math functions come with every CPU build (passes.CPU_BUILD installs vecmath.h);
     # the runner passes 64-byte aligned arrays (module.py)
-    return matching.apply_repeated(lambda: next(_vectorizable(sdfg, where, options), None))
+    return matching.apply_in_rounds(
+        lambda: _vectorizable(sdfg, where, options),
+        accept=lambda match: matching.touches(match, where)
+        and _fits(match, match.vector_len)
+        and _vector_safe(match, match.vector_len),
+    )
