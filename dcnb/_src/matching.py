@@ -1,5 +1,5 @@
-"""Where a DaCe transformation matches, narrowed to the nodes a user named (``where``), and applying matches until
-none is left: one at a time, matching again after each, or in rounds."""
+"""Where a DaCe transformation matches, narrowed to the nodes a user named (``where``), and applying matches in
+rounds until none is left."""
 
 from __future__ import annotations
 
@@ -42,19 +42,6 @@ def touches(match: PatternTransformation, where: Where) -> bool:
     return where is None or any(label(n) in where for n in dace_internals.pattern_nodes(match))
 
 
-def apply_repeated(
-    find: Callable[[], PatternTransformation | None],
-    apply: Callable[[PatternTransformation], object] = lambda match: match.apply_pattern(append=False),
-) -> int:
-    """Apply the match ``find`` returns until it returns None (each application changes what matches); returns
-    how many were applied."""
-    applied = 0
-    while (match := find()) is not None:
-        apply(match)
-        applied += 1
-    return applied
-
-
 def apply_in_rounds(
     find: Callable[[], Iterator[PatternTransformation]],
     apply: Callable[[PatternTransformation], object] = lambda match: match.apply_pattern(append=False),
@@ -63,8 +50,8 @@ def apply_in_rounds(
     """Apply, one after the other, each match ``find`` yields that ``accept``s and still applies to the graph as
     the ones before it left it; again until a round applies none. Returns how many were applied.
 
-    Unlike ``apply_repeated``, a round tests each place once: matching again from the start after every fusion
-    tested the same refused places hundreds of times (10k MapFusion tests for 325 fusions on a ViT's backward).
+    A round tests each place once: matching again from the start after every fusion tested the same refused places
+    hundreds of times (10k MapFusion tests for 325 fusions on a ViT's backward).
     """
     applied = 0
     while True:

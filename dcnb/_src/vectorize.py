@@ -33,9 +33,14 @@ def _vectorizable(sdfg: dace.SDFG, where: Where, options: dict):
     seen = set()
     for width in widths:
         for match in matching.matches(Vectorization, sdfg, where, {"vector_len": width}):
-            if id(match.map_entry) not in seen and _fits(match, width) and _vector_safe(match, width):
+            if id(match.map_entry) not in seen and _whole(match):
                 seen.add(id(match.map_entry))
                 yield match
+
+
+def _whole(match: Vectorization) -> bool:
+    """Whether the match vectorizes its map whole, with right code, at its own width."""
+    return _fits(match, match.vector_len) and _vector_safe(match, match.vector_len)
 
 
 def _fits(match: Vectorization, width: int) -> bool:
@@ -138,7 +143,5 @@ def apply(sdfg: dace.SDFG, where: Where, options: dict) -> int:
     # the runner passes 64-byte aligned arrays (module.py)
     return matching.apply_in_rounds(
         lambda: _vectorizable(sdfg, where, options),
-        accept=lambda match: matching.touches(match, where)
-        and _fits(match, match.vector_len)
-        and _vector_safe(match, match.vector_len),
+        accept=lambda match: matching.touches(match, where) and _whole(match),
     )
