@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Iterator
 
 import dace
 from dace.sdfg import nodes
+from dace.sdfg.propagation import propagate_memlets_sdfg
 from dace.transformation import PatternTransformation
 from dace.transformation.optimizer import Optimizer
 
@@ -69,6 +70,19 @@ def apply_in_rounds(
                 applied += 1
         if applied == before:
             return applied
+
+
+def apply_in_rounds_then_propagate(
+    sdfg: dace.SDFG,
+    find: Callable[[], Iterator[PatternTransformation]],
+    accept: Callable[[PatternTransformation], bool] = lambda match: True,
+) -> int:
+    """``apply_in_rounds`` with the memlets of ``sdfg`` propagated once, after the last match: DaCe propagates them
+    over the whole SDFG after each (95% of map fusion's time on a ResNet-18, 99% of vectorization's)."""
+    applied = apply_in_rounds(find, lambda match: match.apply_pattern(append=False, annotate=False), accept)
+    if applied:
+        propagate_memlets_sdfg(sdfg)
+    return applied
 
 
 class _Place:

@@ -17,7 +17,6 @@ from typing import NamedTuple
 import dace
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
-from dace.sdfg.propagation import propagate_memlets_sdfg
 from dace.sdfg.state import StateSubgraphView
 from dace.transformation import PatternTransformation
 from dace.transformation.dataflow import MapFusion, TaskletFusion, TrivialMapElimination
@@ -141,14 +140,9 @@ def _counted(places: Callable[[dace.SDFG, Where, dict], list[Bound]]) -> Callabl
 
 def _repeat(xform: type[PatternTransformation]) -> Callable[[dace.SDFG, Where, dict, str], int]:
     def run(sdfg: dace.SDFG, where: Where, options: dict, device: str = "cpu") -> int:
-        applied = matching.apply_in_rounds(
-            lambda: matching.matches(xform, sdfg, where, options),
-            apply=lambda match: match.apply_pattern(append=False, annotate=False),
-            accept=lambda match: matching.touches(match, where),
+        return matching.apply_in_rounds_then_propagate(
+            sdfg, lambda: matching.matches(xform, sdfg, where, options), lambda match: matching.touches(match, where)
         )
-        if applied:  # once: after each of a ResNet-18's 186 map fusions it was 95% of the step
-            propagate_memlets_sdfg(sdfg)
-        return applied
 
     return run
 

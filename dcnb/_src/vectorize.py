@@ -141,7 +141,6 @@ def places(sdfg: dace.SDFG, where: Where, options: dict) -> list[nodes.MapEntry]
 def apply(sdfg: dace.SDFG, where: Where, options: dict) -> int:
     # the vector overloads of the math functions come with every CPU build (passes.CPU_BUILD installs vecmath.h);
     # the runner passes 64-byte aligned arrays (module.py)
-    return matching.apply_in_rounds(
-        lambda: _vectorizable(sdfg, where, options),
-        accept=lambda match: matching.touches(match, where) and _whole(match),
+    return matching.apply_in_rounds_then_propagate(
+        sdfg, lambda: _vectorizable(sdfg, where, options), lambda match: matching.touches(match, where) and _whole(match)
     )

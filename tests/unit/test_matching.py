@@ -2,7 +2,7 @@
 
 import dace
 import numpy as np
-from dace.sdfg import nodes
+from dace.sdfg import nodes, propagation
 from dace.transformation.dataflow import MapFusion
 from dace.transformation.optimizer import Optimizer
 
@@ -67,3 +67,27 @@ def test_rounds_fuse_what_repeating_fuses_testing_each_place_once_a_round(monkey
     ours(**arrays)
     np.testing.assert_array_equal(arrays["f10"], np.arange(N) + 10)
 
+
+
+def _memlets(sdfg: dace.SDFG) -> list[str]:
+    return sorted(f"{e.src} -> {e.dst}: {e.data}" for e, _ in sdfg.all_edges_recursive())
+
+
+def test_memlets_are_propagated_once_after_the_last_match_and_come_out_as_after_each(monkeypatch):
+    theirs, ours = _chains(10), _chains(10)
+    matching.apply_in_rounds(lambda: Optimizer(theirs).get_pattern_matches(patterns=[MapFusion]))  # after each
+    propagations = []
+    propagate = propagation.propagate_memlets_sdfg
+
+    def counted(*args, **kwargs):
+        propagations.append(1)
+        return propagate(*args, **kwargs)
+
+    monkeypatch.setattr(propagation, "propagate_memlets_sdfg", counted)
+    monkeypatch.setattr(matching, "propagate_memlets_sdfg", counted)
+    applied = matching.apply_in_rounds_then_propagate(
+        ours, lambda: Optimizer(ours).get_pattern_matches(patterns=[MapFusion])
+    )
+    assert applied == 9
+    assert len(propagations) == 1
+    assert _memlets(ours) == _memlets(theirs)
