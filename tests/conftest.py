@@ -25,6 +25,25 @@ CHROMIUM_FLAGS = [
 
 
 @pytest.fixture
+def calls(monkeypatch):
+    """``calls(owner, name, *also)``: ``owner.name`` (and the same function where modules in ``also`` imported it)
+    replaced by a wrapper that counts its calls, for the test; returns the list the calls are counted into."""
+
+    def count(owner, name: str, *also) -> list:
+        counted, original = [], getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            counted.append(1)
+            return original(*args, **kwargs)
+
+        for where in (owner, *also):
+            monkeypatch.setattr(where, name, wrapper)
+        return counted
+
+    return count
+
+
+@pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DCNB_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"

@@ -238,34 +238,38 @@ def _split_last(state: dace.SDFGState, entry: nodes.MapEntry) -> nodes.MapEntry:
     outer.range.tile_sizes = tiles
     inner_entry, inner_exit = nodes.MapEntry(inner), nodes.MapExit(inner)
     state.add_nodes_from([inner_entry, inner_exit])
-    through = set()
+    entered = set()  # the connectors (None: empty memlets) carried into the inner map so far
     for edge in list(state.out_edges(entry)):
         state.remove_edge(edge)
         if edge.src_conn is None:
-            if None not in through:
+            if None not in entered:
                 state.add_edge(entry, None, inner_entry, None, Memlet())
-                through.add(None)
+                entered.add(None)
             state.add_edge(inner_entry, None, edge.dst, edge.dst_conn, edge.data)
             continue
         name = edge.src_conn[len("OUT_"):]
-        if name not in through:
+        if name not in entered:
             inner_entry.add_in_connector(f"IN_{name}")
             inner_entry.add_out_connector(f"OUT_{name}")
             state.add_edge(entry, edge.src_conn, inner_entry, f"IN_{name}", copy.deepcopy(edge.data))
-            through.add(name)
+            entered.add(name)
         state.add_edge(inner_entry, f"OUT_{name}", edge.dst, edge.dst_conn, edge.data)
+    left = set()  # and out of it; an exit's connector may collect several writes (sums into one array)
     for edge in list(state.in_edges(exit_)):
         state.remove_edge(edge)
         if edge.dst_conn is None:
             state.add_edge(edge.src, edge.src_conn, inner_exit, None, edge.data)
-            if not state.edges_between(inner_exit, exit_):
+            if None not in left:
                 state.add_edge(inner_exit, None, exit_, None, Memlet())
+                left.add(None)
             continue
         name = edge.dst_conn[len("IN_"):]
-        inner_exit.add_in_connector(f"IN_{name}")
-        inner_exit.add_out_connector(f"OUT_{name}")
+        if name not in left:
+            inner_exit.add_in_connector(f"IN_{name}")
+            inner_exit.add_out_connector(f"OUT_{name}")
+            state.add_edge(inner_exit, f"OUT_{name}", exit_, edge.dst_conn, copy.deepcopy(edge.data))
+            left.add(name)
         state.add_edge(edge.src, edge.src_conn, inner_exit, f"IN_{name}", edge.data)
-        state.add_edge(inner_exit, f"OUT_{name}", exit_, edge.dst_conn, copy.deepcopy(edge.data))
     return inner_entry
 
 
@@ -282,7 +286,7 @@ def _collapse(sdfg: dace.SDFG) -> None:
             inner = _inner_map(state, outer) if outer in state.nodes() else None
             if inner is None:  # changed by a collapse before it in this round
                 continue
-            # MapExpansion made the inner maps sequential; the outer part of the rows keeps the outer schedule
+            # the split made the inner map sequential; collapsed, the rows keep the outer schedule
             inner.map.schedule = outer.map.schedule
             if MapCollapse.can_be_applied_to(sdfg, outer_map_entry=outer, inner_map_entry=inner):
                 entry, _ = MapCollapse.apply_to(sdfg, annotate=False, outer_map_entry=outer, inner_map_entry=inner)

@@ -64,15 +64,8 @@ def test_fuses_what_full_map_fusion_fuses(build):
     assert _maps(ours) == (1 if build is _fan else 6)
 
 
-def test_maps_that_cannot_be_parallel_are_not_walked(monkeypatch):
-    walks = []
-    walk = map_fusion_helper.is_node_reachable_from
-
-    def counted(*args, **kwargs):
-        walks.append(1)
-        return walk(*args, **kwargs)
-
-    monkeypatch.setattr(map_fusion_helper, "is_node_reachable_from", counted)
+def test_maps_that_cannot_be_parallel_are_not_walked(calls):
+    walks = calls(map_fusion_helper, "is_node_reachable_from")
     FullMapFusion(strict_dataflow=True, perform_horizontal_map_fusion=False).apply_pass(_chain(20), {})
     vertical = len(walks)
     walks.clear()
@@ -130,20 +123,13 @@ def test_subgraph_fusion_fuses_what_greedy_fuse_fuses():
     np.testing.assert_allclose(b, 2 * a + 1, rtol=1e-6)
 
 
-def test_sets_of_maps_that_cannot_fuse_are_refused_without_copying_the_sdfg(monkeypatch):
+def test_sets_of_maps_that_cannot_fuse_are_refused_without_copying_the_sdfg(calls):
     sdfg = _transposed_maps(True)
     state = sdfg.start_state
     entries = [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and n.map.label[:2] in ("m1", "m2")]
     assert len(entries) == 2
     subgraph = subgraph_helpers.subgraph_from_maps(sdfg, state, entries)
-    copies = []
-    deepcopy = dace.SDFG.__deepcopy__
-
-    def counted(self, memo):
-        copies.append(1)
-        return deepcopy(self, memo)
-
-    monkeypatch.setattr(dace.SDFG, "__deepcopy__", counted)
+    copies = calls(dace.SDFG, "__deepcopy__")
     condition = CompositeFusion()
     assert not condition.can_be_applied(sdfg, subgraph)
     # DaCe expands a copy of the whole SDFG to find that out: the cost this avoids

@@ -35,20 +35,8 @@ def _maps(sdfg: dace.SDFG) -> int:
     return sum(isinstance(n, nodes.MapEntry) for n, _ in sdfg.all_nodes_recursive())
 
 
-def _counted(monkeypatch) -> list:
-    tests = []
-    test = MapFusion.can_be_applied
-
-    def counted(self, *args, **kwargs):
-        tests.append(1)
-        return test(self, *args, **kwargs)
-
-    monkeypatch.setattr(MapFusion, "can_be_applied", counted)
-    return tests
-
-
-def test_rounds_fuse_what_repeating_fuses_testing_each_place_once_a_round(monkeypatch):
-    tests = _counted(monkeypatch)
+def test_rounds_fuse_what_repeating_fuses_testing_each_place_once_a_round(calls):
+    tests = calls(MapFusion, "can_be_applied")
     theirs, ours = _chains(10), _chains(10)
     repeated = 0  # what the steps did before: match again from the start after every fusion
     while (match := next(Optimizer(theirs).get_pattern_matches(patterns=[MapFusion]), None)) is not None:
@@ -73,18 +61,10 @@ def _memlets(sdfg: dace.SDFG) -> list[str]:
     return sorted(f"{e.src} -> {e.dst}: {e.data}" for e, _ in sdfg.all_edges_recursive())
 
 
-def test_memlets_are_propagated_once_after_the_last_match_and_come_out_as_after_each(monkeypatch):
+def test_memlets_are_propagated_once_after_the_last_match_and_come_out_as_after_each(calls):
     theirs, ours = _chains(10), _chains(10)
     matching.apply_in_rounds(lambda: Optimizer(theirs).get_pattern_matches(patterns=[MapFusion]))  # after each
-    propagations = []
-    propagate = propagation.propagate_memlets_sdfg
-
-    def counted(*args, **kwargs):
-        propagations.append(1)
-        return propagate(*args, **kwargs)
-
-    monkeypatch.setattr(propagation, "propagate_memlets_sdfg", counted)
-    monkeypatch.setattr(matching, "propagate_memlets_sdfg", counted)
+    propagations = calls(propagation, "propagate_memlets_sdfg", matching)
     applied = matching.apply_in_rounds_then_propagate(
         ours, lambda: Optimizer(ours).get_pattern_matches(patterns=[MapFusion])
     )

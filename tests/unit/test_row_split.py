@@ -8,8 +8,9 @@ from dcnb._src import rows
 
 
 def _program() -> dace.SDFG:
-    """One 3-D map: an input read by two tasklets, one writing a copy, one adding into a row sum (a write-conflict
-    resolution), and a tasklet with no input (a constant written beside them)."""
+    """One 3-D map: an input read by three tasklets, one writing a copy, two adding into a row sum (write-conflict
+    resolutions) through the same connector of the map's exit, as DaCe's autodiff adds gradients, and a tasklet
+    with no input (a constant written beside them)."""
     sdfg = dace.SDFG("split")
     sdfg.add_array("x", [4, 6, 8], dace.float32)
     sdfg.add_array("y", [4, 6, 8], dace.float32)
@@ -26,6 +27,10 @@ def _program() -> dace.SDFG:
     state.add_nedge(entry, const, dace.Memlet())
     state.add_memlet_path(double, exit_, y, src_conn="b", memlet=dace.Memlet("y[i, j, k]"))
     state.add_memlet_path(total, exit_, s, src_conn="b", memlet=dace.Memlet("s[i, j]", wcr="lambda a, b: a + b"))
+    again = state.add_tasklet("again", {"a"}, {"b"}, "b = a")
+    state.add_memlet_path(x, entry, again, dst_conn="a", memlet=dace.Memlet("x[i, j, k]"))
+    (into_s,) = [e.dst_conn for e in state.in_edges(exit_) if e.data.data == "s"]
+    state.add_edge(again, "b", exit_, into_s, dace.Memlet("s[i, j]", wcr="lambda a, b: a + b"))
     state.add_memlet_path(const, exit_, c, src_conn="b", memlet=dace.Memlet("c[i, j, k]"))
     return sdfg
 
@@ -46,5 +51,5 @@ def test_a_map_splits_into_rows_around_a_sequential_loop_and_computes_the_same()
     s = np.zeros((4, 6), np.float32)
     sdfg(x=x, y=y, s=s, c=c)
     np.testing.assert_allclose(y, 2 * x)
-    np.testing.assert_allclose(s, x.sum(axis=2), rtol=1e-5)
+    np.testing.assert_allclose(s, 2 * x.sum(axis=2), rtol=1e-5)
     np.testing.assert_array_equal(c, 7)
