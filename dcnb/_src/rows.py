@@ -33,9 +33,9 @@ from collections.abc import Callable
 
 import dace
 from dace import subsets
-from dace.memlet import Memlet
 from dace.config import Config, temporary_config
 from dace.libraries.standard import Reduce
+from dace.memlet import Memlet
 from dace.sdfg import nodes
 from dace.sdfg.graph import SubgraphView
 from dace.sdfg.propagation import propagate_memlets_scope

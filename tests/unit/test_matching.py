@@ -56,7 +56,6 @@ def test_rounds_fuse_what_repeating_fuses_testing_each_place_once_a_round(calls)
     np.testing.assert_array_equal(arrays["f10"], np.arange(N) + 10)
 
 
-
 def _memlets(sdfg: dace.SDFG) -> list[str]:
     return sorted(f"{e.src} -> {e.dst}: {e.data}" for e, _ in sdfg.all_edges_recursive())
 
