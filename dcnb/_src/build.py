@@ -1,4 +1,4 @@
-"""SDFGs -> loaded binaries, cached by content, the forward and backward compiled side by side.
+"""SDFGs -> loaded binaries, cached by content, each compile started as soon as its SDFG is given, side by side.
 
 Each compile runs in a forked process leading a process group of its own, so that a compile that hangs, an
 interrupt or a failing sibling stops it with everything it started (cmake, ninja, the compiler). A build folder is
@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 import cmake
@@ -46,39 +46,58 @@ _loaded: dict[str, CompiledSDFG] = {}
 @dataclasses.dataclass(frozen=True)
 class Built:
     binaries: list[CompiledSDFG | None]
-    #: seconds spent generating and compiling code (0.0 when every SDFG came from the cache)
+    #: seconds the build added: generating and compiling code, less what ran meanwhile in making the next SDFG
+    #: (0.0 when every SDFG came from the cache)
     seconds: float
     #: the SDFGs compiled: copies of those given, after the device's build passes (what runs, and what views draw)
     sdfgs: list[dace.SDFG | None]
 
 
-def build(sdfgs: list[dace.SDFG | None], device: str, cuda_arch: str | None = None) -> Built:
+def build(sdfgs: Iterable[dace.SDFG | None], device: str, cuda_arch: str | None = None) -> Built:
     """Run the device's build passes on a copy of each SDFG (None stays None) and compile it for ``device``; a
-    CompileError names the failing SDFG, a CacheError the cache that cannot be written. ``cuda_arch`` (``"90"``)
-    picks the GPU architecture a CUDA build is for; without it, DaCe's configuration says (by default the GPU's)."""
-    start = time.perf_counter()
-    compiled = False
+    CompileError names the failing SDFG, a CacheError the cache that cannot be written. Each SDFG's compile starts
+    as soon as ``sdfgs`` gives it, so a generator making the next SDFG works while the one before compiles.
+    ``cuda_arch`` (``"90"``) picks the GPU architecture a CUDA build is for; without it, DaCe's configuration says
+    (by default the GPU's)."""
+    spent = 0.0  # in building, not in making the next SDFG
+    prepared: list[tuple[dace.SDFG | None, str | None]] = []
+    with _Compiles(compile_timeout()) as compiles:
+        for sdfg in sdfgs:
+            started = time.perf_counter()
+            prepared.append((None, None) if sdfg is None else _started(compiles, sdfg, device, cuda_arch))
+            spent += time.perf_counter() - started
+        started = time.perf_counter()
+        compiled = [name for name, built in compiles.wait().items() if built]
+    for _ in compiled:
+        events.emit("build")
+    with _configured(device, cuda_arch):
+        for s, k in prepared:
+            if s is not None and k not in _loaded:
+                _loaded[k] = compiler.load_precompiled_sdfg(_folder(k, s), s)
+    return Built(
+        binaries=[None if k is None else _loaded[k] for _, k in prepared],
+        seconds=spent + time.perf_counter() - started if compiled else 0.0,
+        sdfgs=[s for s, _ in prepared],
+    )
+
+
+def _started(compiles: _Compiles, sdfg: dace.SDFG, device: str, cuda_arch: str | None) -> tuple[dace.SDFG, str]:
+    """``sdfg`` prepared, with its key; its compile started unless it is loaded or on disk already."""
+    with _configured(device, cuda_arch):
+        sdfg, key, args = _prepare(sdfg, device)
+        if key not in _loaded and not _on_disk(sdfg, key):
+            compiles.start(sdfg.name, _build_unless_built, sdfg, key, device, args)
+    return sdfg, key
+
+
+@contextlib.contextmanager
+def _configured(device: str, cuda_arch: str | None):
+    """For the block: this thread's DaCe configuration for building for ``device`` (a compile forked inside it
+    inherits it)."""
     with temporary_config(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _configure(device, cuda_arch)
-        prepared = [(None, None, "") if s is None else _prepare(s, device) for s in sdfgs]
-        missing = [(s, k, args) for s, k, args in prepared if s is not None and k not in _loaded and not _on_disk(s, k)]
-        if missing:
-            # two processes building the same key would write into the same folder: one builds, the other waits
-            with cache.writing(), cache.locked(_folder(k, s) for s, k, _ in missing):
-                todo = [(s, k, args) for s, k, args in missing if not _on_disk(s, k)]  # built while this one waited?
-                if todo:
-                    _compile(todo, device)
-                    compiled = True
-        for s, k, _ in prepared:
-            if s is not None and k not in _loaded:
-                _loaded[k] = compiler.load_precompiled_sdfg(_folder(k, s), s)
-    seconds = time.perf_counter() - start if compiled else 0.0
-    return Built(
-        binaries=[None if k is None else _loaded[k] for _, k, _ in prepared],
-        seconds=seconds,
-        sdfgs=[s for s, _, _ in prepared],
-    )
+        yield
 
 
 def _configure(device: str, cuda_arch: str | None) -> None:
@@ -181,12 +200,12 @@ def _on_disk(sdfg: dace.SDFG, key: str) -> bool:
     return cache.intact(folder, compiler.get_binary_name(folder, sdfg.name))
 
 
-#: seconds a step's compiles may take unless ``DCNB_COMPILE_TIMEOUT`` says otherwise
+#: seconds an SDFG's compile may take unless ``DCNB_COMPILE_TIMEOUT`` says otherwise
 COMPILE_TIMEOUT = 600.0
 
 
 def compile_timeout() -> float:
-    """Seconds a step's compiles may take before they are stopped: ``DCNB_COMPILE_TIMEOUT``, else 600."""
+    """Seconds an SDFG's compile may take before it is stopped: ``DCNB_COMPILE_TIMEOUT``, else 600."""
     value = os.environ.get("DCNB_COMPILE_TIMEOUT", "").strip()
     try:
         seconds = float(value) if value else COMPILE_TIMEOUT
@@ -197,21 +216,20 @@ def compile_timeout() -> float:
     return seconds
 
 
-def _compile(todo: list[tuple[dace.SDFG, str, str]], device: str) -> None:
-    """Generate each SDFG's code and compile it, side by side, each in a process of its own, within the time
-    limit; then mark each build finished with its libraries' checksums."""
-    for s, k, _ in todo:
-        shutil.rmtree(_folder(k, s), ignore_errors=True)  # what a stopped or corrupted build left is not built upon
-    events.emit("build")
-    limit = compile_timeout()
-    deadline = time.monotonic() + limit
-    # each SDFG's code is generated in its compile's process, on that process's own copy of the SDFG (code generation
-    # expands library nodes and settles schedules in what it gets): the one generated first compiles while the
-    # other's code is still being generated
-    _apart({s.name: (_generate_and_compile, s, k, device, args) for s, k, args in todo}, deadline, limit)
-    for s, k, _ in todo:
-        binary = compiler.get_binary_name(_folder(k, s), s.name)
-        cache.record(_folder(k, s), sorted(binary.parent.glob(f"lib*{binary.suffix}")))
+def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, args: str) -> bool:
+    """In a compile's process: generate ``sdfg``'s code and compile it, then mark the build finished with its
+    libraries' checksums; unless another process built it meanwhile (it holds the folder's lock while it builds).
+    True when it built."""
+    folder = _folder(key, sdfg)
+    _entering("waiting for the lock of its build folder")
+    with cache.writing(), cache.locked([folder]):
+        if _on_disk(sdfg, key):
+            return False
+        shutil.rmtree(folder, ignore_errors=True)  # what a stopped or corrupted build left is not built upon
+        _generate_and_compile(sdfg, key, device, args)
+        binary = compiler.get_binary_name(folder, sdfg.name)
+        cache.record(folder, sorted(binary.parent.glob(f"lib*{binary.suffix}")))
+    return True
 
 
 def _generate_and_compile(sdfg: dace.SDFG, key: str, device: str, args: str) -> None:
@@ -306,35 +324,48 @@ def _compile_folder(folder: str, name: str, args: str) -> None:
         raise CompileError(f"the generated code does not compile: {_compiler_error(log)}", log=log) from e
 
 
-def _apart(jobs: dict[str, tuple], deadline: float, limit: float) -> dict[str, object]:
-    """Run each job, ``name: (function, *arguments)``, in a process of its own, side by side, and return their
-    results by name. The first error is raised and stops the others; past ``deadline`` (``limit`` seconds after the
-    build started) all are stopped with a CompileError; so they are on an interrupt: no compiler outlives its build,
-    and the folders they leave have no checksum file."""
-    children: dict[str, _Child] = {}
-    try:
+class _Compiles:
+    """Compiles side by side, each in a process of its own, each stopped with a CompileError ``limit`` seconds after
+    it started; the first error is raised and stops the others. Leaving the block stops those still running (an
+    error, an interrupt, in the block or in ``wait``): no compiler outlives its build, and the folders they leave
+    have no checksum file."""
+
+    def __init__(self, limit: float):
+        self._limit = limit
+        self._children: dict[str, tuple[_Child, float]] = {}
+
+    def __enter__(self) -> _Compiles:
+        return self
+
+    def start(self, name: str, fn: Callable, *args) -> None:
+        if name in self._children:
+            return  # the same SDFG given twice is built once
         with _interrupts_deferred():  # an interrupt between a fork and its record here would leave a child unstopped
-            for name, (fn, *args) in jobs.items():
-                children[name] = _Child(fn, *args)
-        results, pending = {}, set(children)
+            self._children[name] = (_Child(fn, *args), time.monotonic() + self._limit)
+
+    def wait(self) -> dict[str, object]:
+        """Each compile's result, by name, once all have ended."""
+        results, pending = {}, set(self._children)
         while pending:
-            for name in [n for n in sorted(pending) if children[n].done()]:
+            for name in [n for n in sorted(pending) if self._children[n][0].done()]:
                 pending.discard(name)
-                results[name] = children[name].result()
-            if pending and time.monotonic() > deadline:
-                late = [f"{n} ({children[n].stage()})" if children[n].stage() else n for n in sorted(pending)]
+                results[name] = self._children[name][0].result()
+            late = [n for n in sorted(pending) if time.monotonic() > self._children[n][1]]
+            if late:
+                named = [f"{n} ({self._children[n][0].stage()})" if self._children[n][0].stage() else n for n in late]
                 raise CompileError(
-                    f"compiling {', '.join(late)} timed out after {limit:g} s and was stopped; "
+                    f"compiling {', '.join(named)} timed out after {self._limit:g} s and was stopped; "
                     "DCNB_COMPILE_TIMEOUT sets the limit in seconds"
                 )
             if pending:
                 time.sleep(0.02)
         return results
-    finally:
+
+    def __exit__(self, *exc) -> None:
         with _interrupts_deferred():  # a second interrupt while stopping them must not leave one running
-            for child in children.values():
+            for child, _ in self._children.values():
                 child.kill()
-            for child in children.values():
+            for child, _ in self._children.values():
                 child.reap()
 
 

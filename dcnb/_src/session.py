@@ -9,7 +9,7 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dace
@@ -351,9 +351,18 @@ class Session:
         prog = dataclasses.replace(
             state.sdfgs, forward=copy.deepcopy(state.sdfgs.forward), backward=copy.deepcopy(state.sdfgs.backward)
         )
-        count = sum(_run(action, s, applied, self.device) for s in _sides(prog))
-        check(count, f"{applied.name} matches nothing in the forward or backward SDFG{_why_not(action, prog, applied)}")
-        return self._finish(state.pre, prog, (*state.applied, applied), index, count)
+        counts = []
+
+        def transformed() -> Iterator[dace.SDFG | None]:
+            for side in _build_order(prog):
+                if side is not None:
+                    counts.append(_run(action, side, applied, self.device))
+                yield side  # compiled while the next side is transformed
+            why_not = _why_not(action, prog, applied)
+            check(sum(counts), f"{applied.name} matches nothing in the forward or backward SDFG{why_not}")
+
+        built = self._build(transformed(), name=applied.name)
+        return self._finish(state.pre, prog, built, (*state.applied, applied), index, sum(counts))
 
     def _make_state(
         self,
@@ -376,12 +385,34 @@ class Session:
                     kept.append(entry)
                 else:
                     notes.append(f"{entry.name}, applied after autodiff before, matches nothing now; left out of the recipe")
-        return self._finish(pre, prog, (*applied[:-1], *kept, *applied[-1:]), index, count, tuple(notes))
+        applied = (*applied[:-1], *kept, *applied[-1:])
+        built = self._build(_build_order(prog), name=applied[-1].name if applied else "naive")
+        return self._finish(pre, prog, built, applied, index, count, tuple(notes))
+
+    def _build(self, sides: Iterable[dace.SDFG | None], name: str) -> builder.Built:
+        """Validate and compile each side as ``sides`` gives it (in ``_build_order``); each compile starts at once,
+        while the next side is made."""
+
+        def validated() -> Iterator[dace.SDFG | None]:
+            for side in sides:
+                if side is not None:
+                    try:
+                        side.validate()
+                    except Exception as e:
+                        raise StepError(f"{name} left an invalid SDFG: {describe(e)}") from e
+                yield side
+            self._progress("compiling")
+
+        built = builder.build(validated(), self.device, cuda_arch=self._cuda_arch)
+        if self.device == "cpu" and not native.ready():
+            self._progress("building dcnb's C++ call path (once per machine and PyTorch version)")
+        return built
 
     def _finish(
         self,
         pre: dace.SDFG,
         prog: Program,
+        built: builder.Built,
         applied: tuple[Entry, ...],
         index: int,
         count: int,
@@ -389,16 +420,8 @@ class Session:
     ) -> _State:
         last = applied[-1] if applied else Entry("naive")
         name = last.name
-        for s in _sides(prog):
-            try:
-                s.validate()
-            except Exception as e:
-                raise StepError(f"{name} left an invalid SDFG: {describe(e)}") from e
-        self._progress("compiling")
-        built = builder.build([prog.forward, prog.backward], self.device, cuda_arch=self._cuda_arch)
-        if self.device == "cpu" and not native.ready():
-            self._progress("building dcnb's C++ call path (once per machine and PyTorch version)")
-        runner = Runner(self._imported, prog, built.binaries[0], built.binaries[1], self.device)
+        (backward, forward), (backward_sdfg, forward_sdfg) = built.binaries, built.sdfgs
+        runner = Runner(self._imported, prog, forward, backward, self.device)
         self._progress("checking against PyTorch")
         first = self._check_run(runner)
         result = verify.compare(first, self._reference)
@@ -423,12 +446,12 @@ class Session:
             intermediate_bytes=prog.stored_bytes(self._imported) if prog.backward is not None else 0,
             compile_seconds=built.seconds,
             timings=timings,
-            counts={"forward": program.counts(built.sdfgs[0]), "backward": program.counts(built.sdfgs[1])},
+            counts={"forward": program.counts(forward_sdfg), "backward": program.counts(backward_sdfg)},
             notes=notes + timing_notes,
             # forked only now: the build made above and the timing do not share the cores with it
             cuda=None if self._cuda_builds is None else self._cuda_builds.start([prog.forward, prog.backward]),
         )
-        return _State(pre, prog, (built.sdfgs[0], built.sdfgs[1]), runner, applied, step)
+        return _State(pre, prog, (forward_sdfg, backward_sdfg), runner, applied, step)
 
     def _check_run(self, runner: Runner) -> verify.Run:
         return verify.run(
@@ -517,6 +540,12 @@ class Session:
                 self._baselines = tuple(b for b in self._baselines if b != "torch_compile")
                 return None, f"torch.compile baseline unavailable: {describe(e)}"
         return self._compiled_torch, ""
+
+
+def _build_order(prog: Program) -> tuple[dace.SDFG | None, dace.SDFG]:
+    """The backward (None where there is none), then the forward: the backward's compile is the longer, and a step
+    transforms the forward while it runs."""
+    return prog.backward, prog.forward
 
 
 def _sides(prog: Program) -> list[dace.SDFG]:

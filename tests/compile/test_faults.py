@@ -149,7 +149,7 @@ def test_an_interrupt_during_the_compiles_stops_them_and_the_next_step_builds_af
     assert 1 <= len(stopped) <= 2
     with events.count() as counted:
         step = session.apply("tasklet_fusion")
-    assert step.ok and step.index == 2 and counted["build"] == 1
+    assert step.ok and step.index == 2 and counted["build"] == 2  # the forward and the backward, each once
     assert all((d / cache.CHECKSUMS).exists() for d in stopped)
 
 
@@ -199,7 +199,8 @@ def test_a_truncated_or_corrupted_binary_in_the_cache_is_built_again_and_never_l
     size = forward.stat().st_size
     forward.write_bytes(forward.read_bytes()[: size // 2])  # truncated
     data = bytearray(backward.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)  # corrupted, the same size
+    middle = slice(len(data) // 2, len(data) // 2 + 64)
+    data[middle] = bytes(b ^ 0xFF for b in data[middle])  # corrupted, the same size (zeros there changed nothing)
     backward.write_bytes(bytes(data))
     loaded = []
     load = compiler.load_precompiled_sdfg
@@ -211,7 +212,7 @@ def test_a_truncated_or_corrupted_binary_in_the_cache_is_built_again_and_never_l
     monkeypatch.setattr(compiler, "load_precompiled_sdfg", checked_load)
     with events.count() as counted:
         session = dcnb.optimize(Mish(), torch.rand(3, 2, 4, 4), baselines=(), time_budget=0.01)
-    assert session.current.ok and counted["build"] == 1
+    assert session.current.ok and counted["build"] == 2
     assert loaded == [True, True] and forward.stat().st_size == size
 
     # a build stopped before it was marked finished (no checksum file) is built again too, and only it
@@ -256,7 +257,8 @@ def test_two_processes_building_the_same_key_build_it_once(isolated, tmp_path):
     go.touch()  # both start at once, from warm imports
     results = [racer.communicate(timeout=300)[0].split() for racer in racers]
     assert all(racer.returncode == 0 for racer in racers)
-    assert sorted(results) == [["0", "True"], ["1", "True"]]
+    assert [ok for _, ok in results] == ["True", "True"]
+    assert sum(int(built) for built, _ in results) == 2  # the forward and the backward, each by one of them
     assert len(list(isolated.glob(f"builds/*/{cache.CHECKSUMS}"))) == 2
 
 
