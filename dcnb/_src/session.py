@@ -386,7 +386,7 @@ class Session:
                 else:
                     notes.append(f"{entry.name}, applied after autodiff before, matches nothing now; left out of the recipe")
         applied = (*applied[:-1], *kept, *applied[-1:])
-        built = self._build(_build_order(prog), name=applied[-1].name if applied else "naive")
+        built = self._build(_build_order(prog), name=_last(applied).name)
         return self._finish(pre, prog, built, applied, index, count, tuple(notes))
 
     def _build(self, sides: Iterable[dace.SDFG | None], name: str) -> builder.Built:
@@ -418,7 +418,7 @@ class Session:
         count: int,
         notes: tuple[str, ...] = (),
     ) -> _State:
-        last = applied[-1] if applied else Entry("naive")
+        last = _last(applied)
         name = last.name
         (backward, forward), (backward_sdfg, forward_sdfg) = built.binaries, built.sdfgs
         runner = Runner(self._imported, prog, forward, backward, self.device)
@@ -540,6 +540,11 @@ class Session:
                 self._baselines = tuple(b for b in self._baselines if b != "torch_compile")
                 return None, f"torch.compile baseline unavailable: {describe(e)}"
         return self._compiled_torch, ""
+
+
+def _last(applied: tuple[Entry, ...]) -> Entry:
+    """The step's own entry: the last applied, the naive step's where none is."""
+    return applied[-1] if applied else Entry("naive")
 
 
 def _build_order(prog: Program) -> tuple[dace.SDFG | None, dace.SDFG]:
