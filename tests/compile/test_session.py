@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import dcnb
-from dcnb._src import events, memory
+from dcnb._src import build, events, memory
+from dcnb._src import session as session_module
 from models import Mish, TinyMLP
 
 pytestmark = pytest.mark.compile
@@ -215,9 +216,7 @@ def test_torch_compile_is_a_baseline():
 
 def test_a_step_transforms_the_forward_while_the_backward_compiles(fresh_cache, monkeypatch):
     # the backward's compile is the longer one (ResNet-18's fuse_rows: 27 s against the forward's 16), so it starts
-    # first, and the forward is transformed meanwhile: that step went from 76-95 s to 58 s
-    from dcnb._src import build, session as session_module
-
+    # first, and the forward is transformed meanwhile: that step went from 76-95 s to 58-71 s
     session = dcnb.optimize(Mish(), torch.rand(2, 3, 6, 5), baselines=(), time_budget=0.05)
     compiling, seen = [], []  # the SDFGs whose compile has started; those compiling when each side is transformed
     start, run = build._Compiles.start, session_module._run
