@@ -33,6 +33,7 @@ class Step:
     check: Check | None = None
     #: bytes the forward stores for the backward (intermediates; not inputs, parameters or outputs)
     intermediate_bytes: int | None = None
+    #: seconds the step waited for its compiles beyond transforming (0.0: every binary came from the cache)
     compile_seconds: float | None = None
     #: "dcnb", "torch", "torch_compile" -> milliseconds per forward+backward
     timings: dict[str, Timing] = dataclasses.field(default_factory=dict)

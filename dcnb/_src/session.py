@@ -356,6 +356,8 @@ class Session:
         def transformed() -> Iterator[dace.SDFG | None]:
             for side in _build_order(prog):
                 if side is not None:
+                    if counts:
+                        self._progress(f"applying {applied.name} to the forward while the backward compiles")
                     counts.append(_run(action, side, applied, self.device))
                 yield side  # compiled while the next side is transformed
             why_not = _why_not(action, prog, applied)
@@ -400,8 +402,10 @@ class Session:
                         side.validate()
                     except Exception as e:
                         raise StepError(f"{name} left an invalid SDFG: {describe(e)}") from e
+                    # before the build forks it: an interrupt right after the fork is then a cancel while compiling
+                    if self._phase != "compiling":
+                        self._progress("compiling")
                 yield side
-            self._progress("compiling")
 
         built = builder.build(validated(), self.device, cuda_arch=self._cuda_arch)
         if self.device == "cpu" and not native.ready():
