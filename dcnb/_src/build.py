@@ -332,7 +332,8 @@ class _Compiles:
 
     def __init__(self, limit: float):
         self._limit = limit
-        self._children: dict[str, tuple[_Child, float]] = {}
+        self._children: dict[str, _Child] = {}
+        self._deadlines: dict[str, float] = {}  # time.monotonic() values
 
     def __enter__(self) -> _Compiles:
         return self
@@ -341,18 +342,19 @@ class _Compiles:
         if name in self._children:
             return  # the same SDFG given twice is built once
         with _interrupts_deferred():  # an interrupt between a fork and its record here would leave a child unstopped
-            self._children[name] = (_Child(fn, *args), time.monotonic() + self._limit)
+            self._children[name] = _Child(fn, *args)
+        self._deadlines[name] = time.monotonic() + self._limit
 
     def wait(self) -> dict[str, object]:
         """Each compile's result, by name, once all have ended."""
         results, pending = {}, set(self._children)
         while pending:
-            for name in [n for n in sorted(pending) if self._children[n][0].done()]:
+            for name in [n for n in sorted(pending) if self._children[n].done()]:
                 pending.discard(name)
-                results[name] = self._children[name][0].result()
-            late = [n for n in sorted(pending) if time.monotonic() > self._children[n][1]]
+                results[name] = self._children[name].result()
+            late = [n for n in sorted(pending) if time.monotonic() > self._deadlines[n]]
             if late:
-                named = [f"{n} ({self._children[n][0].stage()})" if self._children[n][0].stage() else n for n in late]
+                named = [f"{n} ({self._children[n].stage()})" if self._children[n].stage() else n for n in late]
                 raise CompileError(
                     f"compiling {', '.join(named)} timed out after {self._limit:g} s and was stopped; "
                     "DCNB_COMPILE_TIMEOUT sets the limit in seconds"
@@ -363,9 +365,9 @@ class _Compiles:
 
     def __exit__(self, *exc) -> None:
         with _interrupts_deferred():  # a second interrupt while stopping them must not leave one running
-            for child, _ in self._children.values():
+            for child in self._children.values():
                 child.kill()
-            for child, _ in self._children.values():
+            for child in self._children.values():
                 child.reap()
 
 

@@ -356,7 +356,7 @@ class Session:
         def transformed() -> Iterator[dace.SDFG | None]:
             for side in _build_order(prog):
                 if side is not None:
-                    if counts:
+                    if side is prog.forward and prog.backward is not None:
                         self._progress(f"applying {applied.name} to the forward while the backward compiles")
                     counts.append(_run(action, side, applied, self.device))
                 yield side  # compiled while the next side is transformed
