@@ -153,13 +153,11 @@ def _fuse_outermost(sdfg: dace.SDFG) -> int:
 
 
 def _fuse(sdfg: dace.SDFG, which: Callable[[MapFusion], bool]) -> int:
-    return matching.apply_in_rounds(lambda: Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion]), _fuse_one, which)
-
-
-def _fuse_one(match: MapFusion) -> None:
-    # MapFusion propagates the memlets of the fused map and the maps around it itself; the whole SDFG's after every
-    # fusion (annotate) took most of the step's time
-    match.apply_pattern(append=False, annotate=False)
+    # MapFusion propagates the memlets of the fused map and the maps around it itself where they can change; the
+    # whole SDFG's after every fusion (annotate) took most of the step's time
+    return matching.apply_in_rounds(
+        lambda: Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion]), matching.apply_unpropagated, which
+    )
 
 
 def _inner(match: MapFusion) -> bool:

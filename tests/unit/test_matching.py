@@ -70,3 +70,57 @@ def test_memlets_are_propagated_once_after_the_last_match_and_come_out_as_after_
     assert applied == 9
     assert len(propagations) == 1
     assert _memlets(ours) == _memlets(theirs)
+
+
+def _wiring(sdfg: dace.SDFG) -> list[str]:
+    return sorted(f"{e.src}.{e.src_conn} -> {e.dst}.{e.dst_conn}: {e.data}" for e, _ in sdfg.all_edges_recursive())
+
+
+def test_a_map_fusion_that_cannot_merge_inputs_does_not_propagate_the_fused_map(calls):
+    theirs, ours = _chains(10), _chains(10)
+    matching.apply_in_rounds(
+        lambda: Optimizer(theirs).get_pattern_matches(patterns=[MapFusion]),
+        lambda match: match.apply_pattern(append=False, annotate=False),
+    )
+    propagations = calls(propagation, "propagate_memlets_map_scope")
+    applied = matching.apply_in_rounds(
+        lambda: Optimizer(ours).get_pattern_matches(patterns=[MapFusion]), matching.apply_unpropagated
+    )
+    assert applied == 9
+    assert propagations == []
+    assert _wiring(ours) == _wiring(theirs)
+
+
+def _two_reads() -> dace.SDFG:
+    """t[i] = x[i] * 2, then y[i] = t[i] + x[i + 1]: fused, the map reads x through one connector, x[0:N]."""
+    sdfg = dace.SDFG("two_reads")
+    state = sdfg.add_state()
+    sdfg.add_array("x", [N], dace.float32)
+    sdfg.add_array("t", [N - 1], dace.float32, transient=True)
+    sdfg.add_array("y", [N - 1], dace.float32)
+    x, t = state.add_access("x"), state.add_access("t")
+    state.add_mapped_tasklet(
+        "double", {"i": f"0:{N - 1}"}, {"a": dace.Memlet("x[i]")}, "b = a * 2", {"b": dace.Memlet("t[i]")},
+        external_edges=True, input_nodes={"x": x}, output_nodes={"t": t},
+    )
+    state.add_mapped_tasklet(
+        "add", {"i": f"0:{N - 1}"}, {"a": dace.Memlet("t[i]"), "c": dace.Memlet("x[i + 1]")}, "b = a + c",
+        {"b": dace.Memlet("y[i]")}, external_edges=True, input_nodes={"t": t, "x": x},
+    )
+    return sdfg
+
+
+def test_a_map_fusion_that_merges_inputs_still_widens_their_memlet(calls):
+    theirs, ours = _two_reads(), _two_reads()
+    next(Optimizer(theirs).get_pattern_matches(patterns=[MapFusion])).apply_pattern(append=False, annotate=False)
+    propagations = calls(propagation, "propagate_memlets_map_scope")
+    matching.apply_unpropagated(next(Optimizer(ours).get_pattern_matches(patterns=[MapFusion])))
+    assert len(propagations) == 1
+    assert _wiring(ours) == _wiring(theirs)
+    assert [str(e.data.subset) for e in ours.start_state.edges() if e.data.data == "x" and e.src_conn is None] == [
+        f"0:{N}"
+    ]
+    ours.validate()
+    x, y = np.arange(N, dtype=np.float32), np.zeros(N - 1, np.float32)
+    ours(x=x, y=y)
+    np.testing.assert_array_equal(y, x[:-1] * 2 + x[1:])
