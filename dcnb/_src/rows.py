@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
 
 import dace
 from dace import subsets
@@ -41,7 +40,7 @@ from dace.sdfg.graph import SubgraphView
 from dace.sdfg.propagation import propagate_memlets_scope
 from dace.transformation import helpers as xfh
 from dace.transformation.auto.auto_optimize import move_small_arrays_to_stack
-from dace.transformation.dataflow import MapCollapse, MapFusion, WarpTiling
+from dace.transformation.dataflow import MapCollapse, MapFusionVertical, WarpTiling
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 
@@ -84,7 +83,7 @@ def _rows(sdfg: dace.SDFG, top_level: bool) -> int:
     if top_level:
         simplify(sdfg)
     fused += _fuse_outermost(sdfg)  # the column sums left with the maps that add them into the gradients
-    fused += _fuse(sdfg, _inner)
+    fused += _fuse(sdfg, _InnerFusion)
     for state in sdfg.states():
         for node in state.nodes():
             if isinstance(node, nodes.MapEntry) and state.entry_node(node) is None:
@@ -149,21 +148,35 @@ def _to_warp(sdfg: dace.SDFG, state: dace.SDFGState, entry: nodes.MapEntry) -> N
 
 
 def _fuse_outermost(sdfg: dace.SDFG) -> int:
-    return _fuse(sdfg, _outermost)
+    return _fuse(sdfg, _OutermostFusion)
 
 
-def _fuse(sdfg: dace.SDFG, which: Callable[[MapFusion], bool]) -> int:
+def _fuse(sdfg: dace.SDFG, fusion: type[MapFusionVertical]) -> int:
     # MapFusion propagates the memlets of the fused map and the maps around it itself where they can change; the
     # whole SDFG's after every fusion (annotate) took most of the step's time
     return matching.apply_in_rounds(
-        lambda: Optimizer(sdfg).get_pattern_matches(patterns=[MapFusion]), matching.apply_unpropagated, which
+        lambda: Optimizer(sdfg).get_pattern_matches(patterns=[fusion]), matching.apply_unpropagated
     )
 
 
-def _inner(match: MapFusion) -> bool:
+class _InnerFusion(MapFusionVertical):
     """Two loops over the columns inside a row map, the first of which does not accumulate along its loop: a
     reduction's loop fuses into the loop that computes its terms (exp(x - max) into their sum), which GCC vectorizes
     as the build lets it reassociate sums (build.py)."""
+
+    def can_be_applied(self, graph, expr_index: int, sdfg: dace.SDFG, permissive: bool = False) -> bool:
+        # which maps first: MapFusion's own test is most of matching's time, and most pairs are not these
+        return _inner(self) and super().can_be_applied(graph, expr_index, sdfg, permissive)
+
+
+class _OutermostFusion(MapFusionVertical):
+    """Two maps at the top of the SDFG's state: the rows."""
+
+    def can_be_applied(self, graph, expr_index: int, sdfg: dace.SDFG, permissive: bool = False) -> bool:
+        return _outermost(self) and super().can_be_applied(graph, expr_index, sdfg, permissive)
+
+
+def _inner(match: MapFusionVertical) -> bool:
     state = dace_internals.match_state(match)
     first, second = state.entry_node(match.first_map_exit), match.second_map_entry
     if state.entry_node(second) is None or any(len(e.map.params) != 1 for e in (first, second)):
@@ -175,7 +188,7 @@ def _inner(match: MapFusion) -> bool:
     )
 
 
-def _outermost(match: MapFusion) -> bool:
+def _outermost(match: MapFusionVertical) -> bool:
     state = dace_internals.match_state(match)
     return state.entry_node(match.second_map_entry) is None and state.sdfg is dace_internals.match_sdfg(match)
 
