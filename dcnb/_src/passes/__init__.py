@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import dace
 
-from .. import schedule, vecmath
+from .. import schedule, tasklet_code, vecmath
 from . import after_autodiff, before_autodiff, broadcast_sums, cuda_build, gradient_writes, lifetimes, on_import
 
 SIDES = ("forward", "backward")
@@ -59,6 +59,7 @@ AFTER_AUTODIFF = (
 AFTER_AUTO_OPTIMIZE = (Pass(lifetimes.zeroed_transients_per_call),)
 
 CPU_BUILD = (
+    Pass(tasklet_code.declarations_in_order),
     Pass(lifetimes.scratch_once_per_binary),
     Pass(vecmath.install),
     Pass(schedule.apply),
@@ -66,6 +67,7 @@ CPU_BUILD = (
 )
 
 CUDA_BUILD = (
+    Pass(tasklet_code.declarations_in_order),
     Pass(cuda_build.to_gpu),
     Pass(cuda_build.size_blocks),
     Pass(lifetimes.persistent_gpu_transients),
