@@ -41,6 +41,14 @@ def _break_cpp(sdfg, where, options, device):
     return 1
 
 
+def _disconnect(sdfg, where, options, device):
+    """A tasklet's output connector left without its memlet: an SDFG DaCe's validation refuses."""
+    if any(name.startswith("gradient_") for name in sdfg.arrays):
+        return 0
+    _tasklets(sdfg)[0].add_out_connector("unwritten")
+    return 1
+
+
 def _drift(sdfg, where, options, device):
     """Outputs right on a binary's first call and doubled from its second on: state a call leaves behind."""
     if any(name.startswith("gradient_") for name in sdfg.arrays):
@@ -70,6 +78,7 @@ def broken_actions():
         steps.Action("wrong_gradients", "scales a gradient", False, lambda s, w, o: 1, _scale_backward),
         steps.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, _break_cpp),
         steps.Action("drifting", "leaves state behind", False, lambda s, w, o: 1, _drift),
+        steps.Action("disconnecting", "leaves an output unwritten", False, lambda s, w, o: 1, _disconnect),
     ]
     for action in added:
         steps.register(action)
@@ -120,6 +129,15 @@ def test_a_compile_failure_keeps_the_compiler_log(session, broken_actions):
     assert "this is not C++" in step.log
     _assert_rolled_back(session, before, step)
     assert session.apply("tasklet_fusion").ok  # the session goes on from its last good state
+
+
+def test_a_transformation_that_leaves_an_invalid_sdfg_names_what_is_invalid(session, broken_actions):
+    # validated where its build fails: DaCe's code generation refuses it in the compile's process
+    before = session.current
+    step = session.apply("disconnecting")
+    assert step.error.startswith("disconnecting left an invalid SDFG: InvalidSDFGNodeError"), step.error
+    assert "unwritten" in step.error
+    _assert_rolled_back(session, before, step)
 
 
 def test_an_action_that_matches_nothing_fails_with_its_reason(session):
