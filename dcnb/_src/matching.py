@@ -99,8 +99,8 @@ def apply_unpropagated(match: PatternTransformation) -> None:
 
 
 def _may_consolidate(fusion: MapFusionVertical) -> bool:
-    """Whether a map fusion may merge two inputs into one connector: only a map at the top of its state does, an
-    input of the second map into one of the first reading the same data."""
+    """Whether a map fusion may merge two of its inputs into one connector: DaCe does so only for maps at the top of
+    their state, where two inputs of the fused map read the same data."""
     state = dace_internals.match_state(fusion)
     first = state.entry_node(fusion.first_map_exit)
     if state.entry_node(first) is not None:
