@@ -334,6 +334,11 @@ LINEAR = [
     Op("bilinear", lambda: nn.Bilinear(4, 5, 3), lambda gen: (torch.randn(6, 4, generator=gen), torch.randn(6, 5, generator=gen))),
     Op("matmul_batched", lambda: Fn(torch.matmul), lambda gen: (torch.randn(2, 3, 4, generator=gen), torch.randn(2, 4, 5, generator=gen))),
     Op("matmul_broadcast", lambda: Fn(torch.matmul), lambda gen: (torch.randn(2, 3, 4, generator=gen), torch.randn(4, 5, generator=gen))),
+    Op(
+        "matmul_batch_of_one_transposed",
+        lambda: Fn(lambda q, k: q @ k.transpose(-1, -2)),
+        lambda gen: (torch.randn(1, 1, 6, 4, generator=gen), torch.randn(1, 1, 5, 4, generator=gen)),
+    ),
     Op("outer", lambda: Fn(lambda x: torch.outer(x[0], x[1])), randn(4, 8)),
     Op("matmul_vector", lambda: Fn(lambda x, v: x @ v), lambda gen: (torch.randn(4, 8, generator=gen), torch.randn(8, generator=gen))),
     Op("vector_matmul", lambda: Fn(lambda v, x: v @ x), lambda gen: (torch.randn(4, generator=gen), torch.randn(2, 4, 5, generator=gen))),

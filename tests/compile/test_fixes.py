@@ -44,6 +44,20 @@ def test_einsum_backward_of_transients():
     _assert_checked(session, "grad x", "grad fc1.weight", "grad fc2.bias")
 
 
+class _Scores(nn.Module):
+    def forward(self, q, k):
+        return q @ k.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 8), (2, 1, 16, 8)], ids=["a batch of one", "one head"])
+def test_products_with_an_axis_of_one_read_transposed_operands_transposed(shape):
+    # DaCe's einsum took the transposed operand of the gradients' batched products for a squeeze of its container
+    # where an axis has size 1, and read it untransposed (errors of 1e35, MKL refusing a leading dimension)
+    torch.manual_seed(0)
+    session = _optimize(_Scores(), torch.randn(*shape), torch.randn(*shape[:-2], 12, 8), training=True)
+    _assert_checked(session, "output", "grad q", "grad k")
+
+
 def test_hardsigmoid_expansion():
     # DaCe has no implementation of the ONNX op HardSigmoid
     session = _zoo("hardsigmoid", backward=False)

@@ -13,7 +13,8 @@ from dace.libraries.blas.nodes.gemv import Gemv
 from dace.libraries.linalg.nodes.transpose import Transpose
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op_registry import ONNXEinsum
-from dace.libraries.onnx.op_implementations.linalg_ops import PureMatMul
+from dace.frontend.common.einsum import create_einsum_sdfg
+from dace.libraries.onnx.op_implementations.linalg_ops import PureEinsum, PureMatMul
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.transformation import ExpandTransformation
@@ -70,6 +71,49 @@ class MatMulOfVectors(ONNXForward):
             einsum.add_in_connector(f"Inputs__{k}")
             nstate.add_edge(nstate.add_read(name), None, einsum, f"Inputs__{k}", nsdfg.make_array_memlet(name))
         nstate.add_edge(einsum, "Output", nstate.add_write("Y"), None, nsdfg.make_array_memlet("Y"))
+        return nsdfg
+
+
+@pure_expansion("Einsum", name="dcnb")
+class EinsumWithoutUnitAxes(ONNXForward):
+    # gap: DaCe's einsum views a transposed operand of a matrix product as a mere squeeze of its container when an
+    # axis has size 1 (a batch of one, one head), taking the container's strides: the product then reads the
+    # operand untransposed (q @ k.T's gradients with one head, any batched product's with a batch of one)
+    @staticmethod
+    def forward_can_be_applied(node, state, sdfg) -> bool:
+        return PureEinsum.forward_can_be_applied(node, state, sdfg)
+
+    @staticmethod
+    def forward(node, state, sdfg):
+        equation = node.equation.replace(" ", "")
+        if "->" not in equation:
+            return PureEinsum.forward(node, state, sdfg)
+        inputs = list(node.iter_inputs_in_onnx_order(state))
+        descs = [in_desc_with_name(node, state, sdfg, e.dst_conn) for e in inputs]
+        descs.append(out_desc_with_name(node, state, sdfg, "Output"))
+        terms = equation.replace("->", ",").split(",")
+        sizes: dict[str, set] = {}
+        for term, desc in zip(terms, descs):
+            for letter, size in zip(term, desc.shape):
+                sizes.setdefault(letter, set()).add(size)
+        unit = {letter for letter, found in sizes.items() if found == {1}}
+        squeezed = ["".join(c for c in term if c not in unit) for term in terms]
+        if not unit or not all(squeezed):  # (an operand left without axes would be a scalar)
+            return PureEinsum.forward(node, state, sdfg)
+        nsdfg = dace.SDFG(f"{node.label}_expansion")
+        nstate = nsdfg.add_state()
+        names = [e.dst_conn for e in inputs] + ["Output"]
+        for name, term, desc in zip(names, terms, descs):
+            kept = [k for k, letter in enumerate(term) if letter not in unit]
+            nsdfg.add_array(
+                name, [desc.shape[k] for k in kept], desc.dtype, storage=desc.storage,
+                strides=[desc.strides[k] for k in kept], total_size=desc.total_size,
+            )
+        wcr = state.out_edges(node)[0].data.wcr  # accumulating into a gradient: the product adds, as DaCe's does
+        output = squeezed.pop()
+        create_einsum_sdfg(
+            nsdfg, nstate, f"{','.join(squeezed)}->{output}", *names[:-1], output="Output", beta=1 if wcr else 0
+        )
         return nsdfg
 
 
