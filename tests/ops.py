@@ -295,6 +295,11 @@ SHAPES = [
     Op("transpose_reshape", lambda: Fn(lambda x: x.transpose(1, 2).reshape(2, -1) * 2), randn(2, 3, 4)),
     Op("permute", lambda: Fn(lambda x: x.permute(2, 0, 1).contiguous() + 1), randn(2, 3, 4)),
     Op("slice_step", lambda: Fn(lambda x: x[:, ::2] * x[:, 1::2]), randn(4, 8)),
+    Op(
+        "gather",
+        lambda: Fn(lambda x, i: torch.gather(x, 1, i)),
+        lambda gen: (torch.randn(3, 4, 2, generator=gen), torch.randint(0, 4, (3, 6, 2), generator=gen)),
+    ),
     Op("index_select", lambda: Fn(lambda x: x[:, torch.tensor([0, 2, 2, 5])]), randn(4, 8)),
     Op("squeeze_unsqueeze", lambda: Fn(lambda x: x.unsqueeze(1).squeeze(1) * x), randn(4, 8)),
     Op("tril_mask", lambda: Fn(lambda x: x.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), 0.0)), randn(2, 8, 8)),

@@ -58,6 +58,19 @@ def test_products_with_an_axis_of_one_read_transposed_operands_transposed(shape)
     _assert_checked(session, "output", "grad q", "grad k")
 
 
+class _Gathers(nn.Module):
+    def forward(self, x, i, j):
+        return torch.gather(x, 1, i) * 2 + torch.gather(x.transpose(0, 1), -1, j).sum()
+
+
+def test_gather_elements_expansion_and_backward():
+    # DaCe has no implementation of the ONNX op GatherElements (torch.gather; RoBERTa's token type ids); indices
+    # repeat, so the backward adds several gradients into one element
+    torch.manual_seed(0)
+    x, i, j = torch.randn(4, 5, 3), torch.randint(0, 5, (4, 6, 3)), torch.randint(0, 3, (5, 4, 2))
+    _assert_checked(_optimize(_Gathers(), x, i, j, training=True), "output", "grad x")
+
+
 def test_hardsigmoid_expansion():
     # DaCe has no implementation of the ONNX op HardSigmoid
     session = _zoo("hardsigmoid", backward=False)

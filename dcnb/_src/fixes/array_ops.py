@@ -1,5 +1,5 @@
-"""Array ops: Expand (broadcasting to a shape), Slice, Split, and the gathers Pad, Tile, DepthToSpace and
-SpaceToDepth (C++ loops, with a backward that adds each output's gradient into the element it read)."""
+"""Array ops: Expand (broadcasting to a shape), Slice, Split, and the gathers Pad, GatherElements, Tile, DepthToSpace
+and SpaceToDepth (C++ loops, with a backward that adds each output's gradient into the element it read)."""
 
 from __future__ import annotations
 
@@ -210,11 +210,16 @@ def _gather_loops(source: Source, node, state, sdfg, x: dt.Data, y: dt.Data, ins
 
 
 def _register_gather(
-    op: str, source: Source, applies=lambda node, state, sdfg: True, fill: Callable[..., str] = lambda node: "0"
+    op: str,
+    source: Source,
+    applies=lambda node, state, sdfg: True,
+    fill: Callable[..., str] = lambda node: "0",
+    reads: tuple[str, ...] = (),
 ) -> None:
     """Register the ONNX op ``op``, whose output element is the input element ``source`` names (or ``fill(node)``,
     C++ over the node's inputs, where it names none), and its backward: each output's gradient added into the element
-    it read. Its data input and output are the op's first ones."""
+    it read. Its data input and output are the op's first ones; ``reads`` names the other inputs ``source`` reads
+    (their values, not only their shapes)."""
     schema = op_versions(op)[-1].schema
     x_name, y_name = schema.inputs[0].name, schema.outputs[0].name
 
@@ -242,7 +247,7 @@ def _register_gather(
             body = zero(f"{x_name}_grad", x) + _gather_loops(
                 source, forward_node, state, sdfg, x, y, f"{x_name}_grad[xi] += {y_name}_grad[yi];\n"
             )
-            return cpp_backward(forward_node, context, [f"{y_name}_grad", f"{x_name}_grad"], body)
+            return cpp_backward(forward_node, context, [f"{y_name}_grad", *reads, f"{x_name}_grad"], body)
 
     Expansion.__name__, Backward.__name__ = f"{op}Expansion", f"{op}Backward"
     pure_expansion(op)(Expansion)
@@ -308,8 +313,17 @@ def _space_to_depth_source(node, state, sdfg, x: dt.Data, y: dt.Data, index: lis
     return "", [n, f"{c} % {channels}", f"{h} * {b} + {block} / {b}", f"{w} * {b} + {block} % {b}"], None
 
 
-# gap: DaCe has no implementation of these ONNX ops (F.pad, x.repeat and torch.tile, nn.PixelShuffle), nor backward
+def _gather_elements_source(node, state, sdfg, x: dt.Data, y: dt.Data, index: list[str]):
+    axis = node.axis % len(x.shape)
+    indices, size = in_desc_with_name(node, state, sdfg, "indices"), x.shape[axis]
+    prelude = f"long long gi = (long long) indices[{offset(indices, index)}];\ngi = gi < 0 ? gi + {size} : gi;\n"
+    return prelude, [*index[:axis], "gi", *index[axis + 1:]], None
+
+
+# gap: DaCe has no implementation of these ONNX ops (F.pad, x.repeat and torch.tile, nn.PixelShuffle,
+# torch.gather: RoBERTa's token type ids), nor backward
 _register_gather("Pad", _pad_source, _pad_applies, _pad_value)
+_register_gather("GatherElements", _gather_elements_source, reads=("indices",))
 _register_gather("Tile", _tile_source)
 _register_gather("DepthToSpace", _depth_to_space_source)
 _register_gather("SpaceToDepth", _space_to_depth_source)
