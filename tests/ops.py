@@ -269,6 +269,16 @@ CONVOLUTIONS = [
         lambda: Fn(lambda x: F.interpolate(x, scale_factor=2, mode="trilinear", align_corners=True)),
         randn(1, 1, 2, 3, 2),
     ),
+    Op(
+        "interpolate_bicubic",
+        lambda: Fn(lambda x: F.interpolate(x, size=(7, 9), mode="bicubic")),
+        randn(1, 2, 4, 5),
+    ),
+    Op(
+        "interpolate_bicubic_corners_down",
+        lambda: Fn(lambda x: F.interpolate(x, size=(3, 2), mode="bicubic", align_corners=True)),
+        randn(1, 2, 7, 5),
+    ),
     Op("pad_constant", lambda: Fn(lambda x: F.pad(x, (1, 2, 0, 1), value=0.5)), randn(2, 3, 4)),
     Op("pad_reflect", lambda: Fn(lambda x: F.pad(x, (2, 1), mode="reflect")), randn(2, 3, 5)),
     Op("pad_replicate", lambda: Fn(lambda x: F.pad(x, (1, 2, 2, 1), mode="replicate")), randn(1, 2, 4, 4)),

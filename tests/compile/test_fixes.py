@@ -71,6 +71,18 @@ def test_gather_elements_expansion_and_backward():
     _assert_checked(_optimize(_Gathers(), x, i, j, training=True), "output", "grad x")
 
 
+class _Bicubic(nn.Module):
+    def forward(self, x):
+        return F.interpolate(x, size=(7, 3), mode="bicubic", align_corners=False)
+
+
+def test_bicubic_resize_expansion_and_backward():
+    # DaCe's Resize and dcnb's took no cubic mode (DINOv2 interpolates its position embeddings bicubically); up in
+    # one dimension, down in the other, so that taps fall beyond both edges
+    torch.manual_seed(0)
+    _assert_checked(_optimize(_Bicubic(), torch.randn(2, 3, 4, 5), training=True), "output", "grad x")
+
+
 def test_hardsigmoid_expansion():
     # DaCe has no implementation of the ONNX op HardSigmoid
     session = _zoo("hardsigmoid", backward=False)

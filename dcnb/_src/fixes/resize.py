@@ -1,4 +1,4 @@
-"""Resize (F.interpolate, nn.Upsample): nearest and (multi)linear, expansion and backward, as C++ loops."""
+"""Resize (F.interpolate, nn.Upsample): nearest, (multi)linear and (bi)cubic, expansion and backward, as C++ loops."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ _NEAREST = {
 
 def _applies(node, state, sdfg) -> bool:
     return (
-        node.mode in ("nearest", "linear")
+        node.mode in ("nearest", "linear", "cubic")
+        and (node.mode != "cubic" or not node.exclude_outside)
         and node.coordinate_transformation_mode in _COORDINATES
         and (node.mode != "nearest" or node.nearest_mode in _NEAREST)
         and not node.antialias
@@ -50,12 +51,29 @@ def _scales(node, state, sdfg) -> list[float] | None:
     return [float(s) for s in scales] or [int(m) / int(n) for n, m in zip(x.shape, y.shape)]
 
 
+def _cubic(node, d: int, n) -> str:
+    """C++ for dimension ``d``'s four taps around input coordinate ``x{d}`` (Keys' cubic convolution with
+    coefficient ``a``, as PyTorch's bicubic: the coordinate not clamped, taps beyond the edges read the edge)."""
+    a = float(node.cubic_coeff_a)
+    near = "(({a} + 2) * {t} - ({a} + 3)) * {t} * {t} + 1"  # |distance| <= 1
+    far = "(({a} * {t} - 5 * {a}) * {t} + 8 * {a}) * {t} - 4 * {a}"  # 1 < |distance| < 2
+    weights = [far.format(a=a, t=f"(t{d} + 1)"), near.format(a=a, t=f"t{d}"), near.format(a=a, t=f"(1 - t{d})"),
+               far.format(a=a, t=f"(2 - t{d})")]
+    taps = ", ".join(f"std::min(std::max(b{d} + ({k}), 0LL), {n} - 1LL)" for k in (-1, 0, 1, 2))
+    return (
+        f"const long long b{d} = (long long)floor(x{d});\n"
+        f"const double t{d} = x{d} - b{d};\n"
+        f"const double cw{d}[4] = {{{', '.join(weights)}}};\n"
+        f"const long long cs{d}[4] = {{{taps}}};\n"
+    )
+
+
 def _taps(node, scales: list[float], x: dt.Data, y: dt.Data, use: str) -> str:
     """C++ visiting every output element ``o0..`` and the input elements ``s0..`` it is interpolated from, each
     with its weight ``weight``, as seen by ``use``."""
     index = [f"o{d}" for d in range(len(y.shape))]
     head, tail = loops(index, y.shape)
-    prelude, corner, weight, taps = "", "", [], 0
+    prelude, corner, weight, taps = "", "", [], 1
     for d, (o, n, m, scale) in enumerate(zip(index, x.shape, y.shape, scales)):
         if int(n) == int(m) and scale == 1.0:  # not resized: the same element
             corner += f"const long long s{d} = {o};\n"
@@ -67,18 +85,22 @@ def _taps(node, scales: list[float], x: dt.Data, y: dt.Data, use: str) -> str:
             prelude += f"const long long l{d} = std::min(std::max((long long){rounded}, 0LL), {n} - 1LL);\n"
             corner += f"const long long s{d} = l{d};\n"
             continue
-        # as PyTorch: the coordinate clamped at 0, the element below it and the next one (the last one twice)
-        prelude += (
-            f"const double c{d} = x{d} > 0 ? x{d} : 0.0;\n"
-            f"const long long l{d} = std::min((long long)c{d}, {n} - 1LL);\n"
-            f"const long long h{d} = std::min(l{d} + 1, {n} - 1LL);\n"
-            f"const double w{d} = c{d} - l{d};\n"
-        )
-        corner += f"const bool up{d} = (corner >> {taps}) & 1;\nconst long long s{d} = up{d} ? h{d} : l{d};\n"
-        weight.append(f"(up{d} ? w{d} : 1.0 - w{d})")
-        taps += 1
+        if node.mode == "cubic":
+            prelude, count = prelude + _cubic(node, d, n), 4
+        else:  # as PyTorch: the coordinate clamped at 0, the element below it and the next one (the last one twice)
+            prelude += (
+                f"const double c{d} = x{d} > 0 ? x{d} : 0.0;\n"
+                f"const long long l{d} = std::min((long long)c{d}, {n} - 1LL);\n"
+                f"const double w{d} = c{d} - l{d};\n"
+                f"const double cw{d}[2] = {{1.0 - w{d}, w{d}}};\n"
+                f"const long long cs{d}[2] = {{l{d}, std::min(l{d} + 1, {n} - 1LL)}};\n"
+            )
+            count = 2
+        corner += f"const int k{d} = (corner / {taps}) % {count};\nconst long long s{d} = cs{d}[k{d}];\n"
+        weight.append(f"cw{d}[k{d}]")
+        taps *= count
     corner += f"const double weight = {' * '.join(weight) or '1.0'};\n"
-    return head + prelude + f"for (int corner = 0; corner < {1 << taps}; ++corner) {{\n" + corner + use + "}\n" + tail
+    return head + prelude + f"for (int corner = 0; corner < {taps}; ++corner) {{\n" + corner + use + "}\n" + tail
 
 
 @pure_expansion("Resize", name="dcnb")
