@@ -76,7 +76,7 @@ def import_module(
         if model_proto.graph.initializer[i].name in named:
             model_proto.graph.initializer.pop(i)
     updates = _expose_running_statistics(model_proto, module) if training else {}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_file_left(_SHAPE_INFERENCE_LEFTOVER):
         warnings.simplefilter("ignore")
         # simplified first, so that shape arithmetic (Shape, Gather, Mod, ...) is folded before ops are checked
         model_proto = simplify_onnx_model(infer_shapes_onnx_model(model_proto), auto_merge=False)
@@ -104,6 +104,23 @@ def import_module(
         counters=sorted({f"{path.rpartition('.')[0]}.num_batches_tracked" for path in updates.values()} & set(named)),
         padding_rows={clean_onnx_name(n): padding[n] for n in named if n in graph_inputs and n in padding},
     )
+
+
+#: where onnxruntime's symbolic shape inference saves the model, in the working directory, when some shape escapes it
+#: (a Swin's shifted windows: DaCe then infers with ONNX's own)
+_SHAPE_INFERENCE_LEFTOVER = "sym_shape_infer_temp.onnx"
+
+
+@contextlib.contextmanager
+def _no_file_left(path: str):
+    """Remove ``path`` afterwards if it was not there before: the user's folder stays as it was."""
+    existed = os.path.lexists(path)
+    try:
+        yield
+    finally:
+        if not existed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
 
 def _expose_running_statistics(model: onnx.ModelProto, module: nn.Module) -> dict[str, str]:
