@@ -137,9 +137,17 @@ class Session:
             )
             pre = copy.deepcopy(self._imported.sdfg)
             passes.run(passes.ON_IMPORT, pre)
-        self._reference = verify.run(
-            self._called(self._module), self._module, self._inputs, self._reference_upstream, self._imported.all_inputs
-        )
+        try:
+            self._reference = verify.run(
+                self._called(self._module), self._module, self._inputs, self._reference_upstream,
+                self._imported.all_inputs,
+            )
+        except Exception as e:  # the module's own code refusing inputs that require gradients
+            raise InputError(
+                f"running {type(self._module).__name__} with its floating-point inputs requiring gradients (whose "
+                f"gradients dcnb checks) failed: {describe(e)}; without the backward (backward=False, "
+                "--no-backward) they require none"
+            ) from e
         state = self._make_state(pre, ())
         self._states.append(state)
         self._history.append(state.step)

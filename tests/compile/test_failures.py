@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch import nn
 from dace import dtypes
 from dace.codegen import cppunparse
 from dace.properties import CodeBlock
@@ -153,6 +154,20 @@ def test_unknown_action_names_the_choices(session):
 def test_wrong_input_shape_names_the_shapes():
     with pytest.raises(dcnb.InputError, match=r"running TinyMLP on the example inputs failed: RuntimeError: .*8 and 16x16"):
         dcnb.optimize(TinyMLP(width=16), torch.rand(4, 8))
+
+
+class _MarksItsInput(nn.Module):
+    def forward(self, x):
+        h = x[:, None]
+        h.requires_grad = True  # as Wav2Vec2's feature encoder does, for gradient checkpointing
+        return torch.tanh(h)
+
+
+def test_a_module_refusing_inputs_that_require_gradients_is_told_how_to_build_it():
+    with pytest.raises(dcnb.InputError, match=r"requiring gradients .* failed: RuntimeError: you can only change "):
+        dcnb.optimize(_MarksItsInput(), torch.rand(2, 5), baselines=(), time_budget=0.01)
+    session = dcnb.optimize(_MarksItsInput(), torch.rand(2, 5), backward=False, baselines=(), time_budget=0.01)
+    assert session.current.ok and session.current.check.ok
 
 
 def test_unsupported_op_names_the_op_and_the_torch_call():
