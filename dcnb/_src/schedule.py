@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import os
 
 import dace
@@ -65,21 +67,28 @@ def own_element_sums(sdfg: dace.SDFG) -> int:
     off.
     """
     changed = 0
+    sums: list[tuple[dace.SDFGState, object, dict, object]] = []
     for node, state in sdfg.all_nodes_recursive():
         if not isinstance(node, nodes.Tasklet) or state.sdfg.openmp_sections or _inside_map(state.sdfg):
             continue
-        steps = {}
+        steps, outermost = {}, None
         entry = state.entry_node(node)
         while entry is not None:
             steps.update({p: r[2] for p, r in zip(entry.map.params, entry.map.range)})
-            entry = state.entry_node(entry)
-        for edge in state.out_edges(node):
-            memlet = edge.data
-            if not steps or memlet.wcr is None or memlet.wcr_nonatomic or not _own_elements(memlet.subset, steps):
-                continue
-            for e in state.memlet_path(edge):
-                e.data.wcr_nonatomic = True
-            changed += 1
+            outermost, entry = entry, state.entry_node(entry)
+        sums += [(state, outermost, steps, e) for e in state.out_edges(node) if e.data.wcr is not None]
+    # an array that a map's iterations add into through two edges (x[i] and x[i + 1], the gradient of x[1:] - x[:-1])
+    # is shared between iterations even where each edge alone is not
+    writers = collections.Counter((id(state), id(outermost), edge.data.data) for state, outermost, _, edge in sums)
+    for state, outermost, steps, edge in sums:
+        memlet = edge.data
+        if writers[id(state), id(outermost), memlet.data] > 1:
+            continue
+        if not steps or memlet.wcr_nonatomic or not _own_elements(memlet.subset, steps):
+            continue
+        for e in state.memlet_path(edge):
+            e.data.wcr_nonatomic = True
+        changed += 1
     return changed
 
 
