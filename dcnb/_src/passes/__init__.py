@@ -42,7 +42,7 @@ class Pass:
 
 ON_IMPORT = (Pass(on_import.lower), Pass(on_import.transposes_into_products))
 
-BEFORE_AUTODIFF = (Pass(before_autodiff.split_shared_map_inputs),)
+BEFORE_AUTODIFF = (Pass(before_autodiff.split_shared_map_inputs), Pass(before_autodiff.whole_arrays_for_ops))
 
 AFTER_AUTODIFF = (
     Pass(after_autodiff.drop_unread_gradients, ("backward",)),

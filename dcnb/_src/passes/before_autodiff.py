@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 
 import dace
+from dace import subsets
+from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
 
 
@@ -35,3 +37,41 @@ def split_shared_map_inputs(sdfg: dace.SDFG) -> int:
                         split += 1
                     changed = True
     return split
+
+
+def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
+    """Give every ONNX op whole arrays: where one reads or writes part of an array (a slice that simplification
+    made a memlet's subset), the part is copied through a transient of its own; returns how many were.
+
+    gap: DaCe's backward rules (and dcnb's) describe an op's gradients with its arrays' descriptors, so the sum of
+    ``x[1:]`` made a gradient of x's shape for a part of x's: an invalid backward SDFG.
+    """
+    copied = 0
+    for state in (s for g in sdfg.all_sdfgs_recursive() for s in g.states()):
+        g = state.sdfg
+        for node in [n for n in state.nodes() if isinstance(n, ONNXOp)]:
+            for edge in [*state.in_edges(node), *state.out_edges(node)]:
+                outer = edge.src if edge.dst is node else edge.dst
+                if not isinstance(outer, nodes.AccessNode) or edge.data.is_empty():
+                    continue
+                desc, subset = g.arrays[edge.data.data], edge.data.subset
+                if subset.covers(subsets.Range.from_array(desc)):
+                    continue
+                name, part = g.add_transient(
+                    f"{edge.data.data}_part", subset.size_exact(), desc.dtype, storage=desc.storage,
+                    find_new_name=True,
+                )
+                access = state.add_access(name)
+                whole = dace.Memlet.from_array(name, part)
+                if edge.dst is node:
+                    state.add_edge(outer, edge.src_conn, access, None, dace.Memlet(
+                        data=edge.data.data, subset=copy.deepcopy(subset), other_subset=copy.deepcopy(whole.subset)))
+                    state.add_edge(access, None, node, edge.dst_conn, whole)
+                else:
+                    state.add_edge(node, edge.src_conn, access, None, whole)
+                    state.add_edge(access, None, outer, edge.dst_conn, dace.Memlet(
+                        data=edge.data.data, subset=copy.deepcopy(subset), other_subset=copy.deepcopy(whole.subset),
+                        wcr=edge.data.wcr))
+                state.remove_edge(edge)
+                copied += 1
+    return copied
