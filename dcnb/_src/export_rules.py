@@ -23,6 +23,8 @@ _RULES = (
     ("aten::rms_norm", "rms_norm"),
     ("aten::cross_entropy_loss", "cross_entropy_loss"),
     ("aten::bilinear", "bilinear"),
+    ("aten::diff", "diff"),
+    ("aten::cumsum", "cumsum"),
 )
 
 
@@ -166,6 +168,32 @@ def bilinear(g, input1, input2, weight, bias):
     # back to the inputs' leading dimensions
     leading = g.op("Slice", g.op("Shape", input1), _axes(g, [0]), _axes(g, [-1]))
     return g.op("Reshape", result, g.op("Concat", leading, _axes(g, [out]), axis_i=0))
+
+
+@symbolic_helper.parse_args("v", "i", "i", "v", "v")
+def diff(g, input, n: int, dim: int, prepend, append):
+    # gap: PyTorch cannot export aten::diff (torch.diff; transformers' masks look for packed sequences with it)
+    parts = [t for t in (prepend, input, append) if not symbolic_helper._is_none(t)]
+    x = g.op("Concat", *parts, axis_i=dim) if len(parts) > 1 else input
+    axes = _axes(g, [dim])
+    for _ in range(n):
+        later = g.op("Slice", x, _axes(g, [1]), _axes(g, [torch.iinfo(torch.int64).max]), axes)
+        earlier = g.op("Slice", x, _axes(g, [0]), _axes(g, [-1]), axes)
+        # (booleans differ where they are not equal, as torch.diff has it)
+        x = g.op("Xor" if input.type().scalarType() == "Bool" else "Sub", later, earlier)
+    return x
+
+
+@symbolic_helper.parse_args("v", "i", "none")
+def cumsum(g, input, dim: int, dtype):
+    # gap: PyTorch exports the running sum of booleans (or of narrower integers) as a CumSum of that type, which ONNX
+    # has none of for booleans and which torch sums in int64 (transformers' masks count packed sequences so)
+    if not symbolic_helper._is_none(dtype):
+        scalar = symbolic_helper._type_utils.JitScalarType(symbolic_helper._get_const(dtype, "i", "dtype"))
+        input = g.op("Cast", input, to_i=scalar.onnx_type())
+    elif input.type().scalarType() in ("Bool", "Byte", "Char", "Short", "Int"):
+        input = g.op("Cast", input, to_i=TensorProto.INT64)
+    return g.op("CumSum", input, g.op("Constant", value_t=torch.tensor(dim, dtype=torch.int64)))
 
 
 def _onnx_type(value) -> int:

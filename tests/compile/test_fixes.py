@@ -116,6 +116,32 @@ def test_an_op_reading_part_of_an_array_gets_a_gradient_of_that_parts_shape():
     _assert_checked(_optimize(_SumOfAPart(), torch.randn(4, 8), training=True), "output", "grad x")
 
 
+class _Differences(nn.Module):
+    def forward(self, x, start, mask):
+        steps = torch.diff(x, dim=1, prepend=start) + torch.diff(x, n=2, dim=0).sum()
+        return steps * torch.diff(mask, dim=-1).float().sum(-1, keepdim=True)
+
+
+def test_diff_is_exported():
+    # PyTorch cannot export aten::diff (transformers' masks of GPT-NeoX and Qwen2 models use it); booleans differ
+    # where they are not equal
+    torch.manual_seed(0)
+    inputs = torch.randn(3, 5), torch.randn(3, 1), torch.rand(3, 4) > 0.5
+    _assert_checked(_optimize(_Differences(), *inputs, training=True), "output", "grad x", "grad start")
+
+
+class _RunningCounts(nn.Module):
+    def forward(self, x, mask):
+        return x.cumsum(1) * mask.cumsum(-1) + x.cumsum(0, dtype=torch.float64).float()
+
+
+def test_running_sums_of_booleans_count_in_int64():
+    # PyTorch exported mask.cumsum(-1) as a CumSum of booleans, which ONNX has none of (GPT-NeoX's and Qwen2's masks)
+    torch.manual_seed(0)
+    inputs = torch.randn(3, 5), torch.rand(3, 5) > 0.5
+    _assert_checked(_optimize(_RunningCounts(), *inputs, training=True), "output", "grad x")
+
+
 def test_hardsigmoid_expansion():
     # DaCe has no implementation of the ONNX op HardSigmoid
     session = _zoo("hardsigmoid", backward=False)
