@@ -24,6 +24,7 @@ from dace.libraries.onnx.converters import clean_onnx_name
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node, has_onnx_node
 from torch import nn
+from torch.onnx._internal.torchscript_exporter import utils as torchscript_exporter
 
 from . import export_rules, structure
 from .errors import DcnbError, UnsupportedOpError, first_line
@@ -182,7 +183,7 @@ def _export(
     # export() runs forward once; in training mode that would move BatchNorm's running statistics
     state = {k: v.clone() for k, v in module.state_dict().items()}
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _onnx_log(verbose):
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 _flat(module, call),
@@ -198,17 +199,36 @@ def _export(
                 verbose=verbose,
             )
     except torch.onnx.errors.UnsupportedOperatorError as e:
+        if verbose:
+            raise
         op = re.search(r"operator '([^']+)'", str(e))
+        where = _unexported_source(module, inputs, call, input_names, training, op.group(1)) if op else None
         raise UnsupportedOpError(
             f"PyTorch cannot export {op.group(1) if op else 'an operator'} of {type(module).__name__} to ONNX "
-            f"(opset {OPSET}), so DaCe cannot import the module.",
+            f"(opset {OPSET})" + (f", which comes from {where}" if where else "") + "; DaCe cannot import the module.",
             op=op.group(1) if op else None,
+            source=where,
         ) from e
     except Exception as e:  # the exporter raises many types; all mean the same to the user
         raise DcnbError(f"Exporting {type(module).__name__} to ONNX failed: {first_line(e)}") from e
     finally:
         module.load_state_dict(state)
     return onnx.load_from_string(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _onnx_log(enabled: bool):
+    """The exporter's C++ log on only where ``enabled`` (a verbose export), as it was afterwards."""
+    # gap: PyTorch's exporter tests the function _jit_is_onnx_log_enabled, not its result, so its log is on in every
+    # export and stays on: an op it cannot export printed the whole TorchScript graph into the cell's output
+    before, setup = torch._C._jit_is_onnx_log_enabled(), torchscript_exporter.setup_onnx_logging
+    torchscript_exporter.setup_onnx_logging = lambda verbose: contextlib.nullcontext()
+    torch._C._jit_set_onnx_log_enabled(enabled)
+    try:
+        yield
+    finally:
+        torchscript_exporter.setup_onnx_logging = setup
+        torch._C._jit_set_onnx_log_enabled(before)
 
 
 def _flat(module: nn.Module, call: Call) -> nn.Module:
@@ -298,26 +318,37 @@ def _torch_source(
 ) -> str | None:
     """The Python line that produced ONNX node ``onnx_name``, read off the exporter's verbose graph."""
     log = _capture_fds(lambda: _export(module, inputs, call, input_names, training, verbose=True))
-    for line in log.splitlines():
-        if f'onnx_name="{onnx_name}"' not in line:
-            continue
-        found = re.search(r"# (.+?):(\d+):\d+\s*$", line)
-        if not found:
-            return None
-        path, lineno = found.group(1), int(found.group(2))
-        code = linecache.getline(path, lineno).strip()
-        place = f"{os.path.basename(path)}:{lineno}"
-        source = f"`{code}` ({place})" if code else place
-        if os.path.abspath(path).startswith(os.path.dirname(torch.__file__)):
-            # a line of PyTorch's own: the module that called it says more
-            scope = re.search(r"scope: (\S+)", line)
-            if scope:  # e.g. zoo.ConvNet::/torch.nn.modules.conv.Conv2d::conv1
-                levels = [level.split("::", 1) for level in scope.group(1).split("/") if "::" in level]
-                path = ".".join(attr for _, attr in levels[1:] if attr)
-                cls = levels[-1][0].rpartition(".")[2]
-                source += f" in {path} ({cls})" if path else f" in {cls}"
-        return source
-    return None
+    line = next((line for line in log.splitlines() if f'onnx_name="{onnx_name}"' in line), None)
+    return _line_source(line) if line else None
+
+
+def _unexported_source(
+    module: nn.Module, inputs: tuple[torch.Tensor, ...], call: Call, input_names: list[str], training: bool, op: str
+) -> str | None:
+    """The Python line of the first call of the aten op ``op``, read off the graph the exporter logs when it fails."""
+    log = _capture_fds(lambda: _export(module, inputs, call, input_names, training, verbose=True))
+    line = next((line for line in log.splitlines() if f" = {op}(" in line), None)
+    return _line_source(line) if line else None
+
+
+def _line_source(line: str) -> str | None:
+    """Where a line of the exporter's graph comes from: `the code` (file:line), and the module calling PyTorch."""
+    found = re.search(r"# (.+?):(\d+):\d+\s*$", line)
+    if not found:
+        return None
+    path, lineno = found.group(1), int(found.group(2))
+    code = linecache.getline(path, lineno).strip()
+    place = f"{os.path.basename(path)}:{lineno}"
+    source = f"`{code}` ({place})" if code else place
+    if os.path.abspath(path).startswith(os.path.dirname(torch.__file__)):
+        # a line of PyTorch's own: the module that called it says more
+        scope = re.search(r"scope: (\S+)", line)
+        if scope:  # e.g. zoo.ConvNet::/torch.nn.modules.conv.Conv2d::conv1
+            levels = [level.split("::", 1) for level in scope.group(1).split("/") if "::" in level]
+            path = ".".join(attr for _, attr in levels[1:] if attr)
+            cls = levels[-1][0].rpartition(".")[2]
+            source += f" in {path} ({cls})" if path else f" in {cls}"
+    return source
 
 
 def _capture_fds(fn) -> str:

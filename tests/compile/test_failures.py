@@ -178,6 +178,24 @@ def test_unsupported_op_names_the_op_and_the_torch_call():
     assert "models.py" in raised.value.source
 
 
+class _RunningMaximum(nn.Module):
+    def forward(self, x):
+        return torch.cummax(x, dim=1).values
+
+
+def test_an_op_pytorch_cannot_export_names_the_torch_call_and_prints_nothing(capfd):
+    # PyTorch's exporter printed the whole TorchScript graph to the process' stdout (the cell's output) first
+    with pytest.raises(dcnb.UnsupportedOpError) as raised:
+        dcnb.optimize(_RunningMaximum(), torch.rand(3, 4))
+    assert raised.value.op == "aten::cummax"
+    assert "PyTorch cannot export aten::cummax of _RunningMaximum to ONNX (opset 18), which comes from " in str(
+        raised.value
+    )
+    assert "`return torch.cummax(x, dim=1).values` (test_failures.py:" in str(raised.value)
+    captured = capfd.readouterr()
+    assert "graph" not in captured.out + captured.err
+
+
 def test_not_a_module_or_no_inputs():
     with pytest.raises(dcnb.InputError, match="torch.nn.Module"):
         dcnb.optimize(lambda x: x, torch.rand(2))
