@@ -142,6 +142,28 @@ def test_running_sums_of_booleans_count_in_int64():
     _assert_checked(_optimize(_RunningCounts(), *inputs, training=True), "output", "grad x")
 
 
+class _SharedKey(nn.Module):
+    """Multi-query attention's scores: one key head, transformed elementwise (as rotary embeddings do), then
+    repeated for three query heads (transformers' repeat_kv)."""
+
+    def __init__(self):
+        super().__init__()
+        self.key = nn.Linear(8, 4)
+
+    def forward(self, x, q):
+        k = self.key(x).view(2, 6, 1, 4).transpose(1, 2)
+        k = (k * 2 + k)[:, :, None].expand(2, 1, 3, 6, 4).reshape(2, 3, 6, 4)
+        return q @ k.transpose(2, 3)
+
+
+def test_a_copy_into_axes_of_size_one_is_kept_where_simplify_cannot_remove_it():
+    # DaCe's RedundantWriteSlice raised "Dimension mismatch in composition" on the import of a Qwen2 model with one
+    # key-value head
+    torch.manual_seed(0)
+    session = _optimize(_SharedKey(), torch.randn(2, 6, 8), torch.randn(2, 3, 5, 4), training=True)
+    _assert_checked(session, "output", "grad x", "grad q", "grad key.weight")
+
+
 def test_hardsigmoid_expansion():
     # DaCe has no implementation of the ONNX op HardSigmoid
     session = _zoo("hardsigmoid", backward=False)
