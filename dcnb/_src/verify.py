@@ -91,6 +91,12 @@ def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL) -> Chec
     ok = True
     for label, w in want.tensors.items():
         g = got.tensors.get(label)
+        if g is None and label.startswith("grad ") and not torch.count_nonzero(w):
+            # PyTorch's zeros for a tensor the exported graph does not read (the export folds a softmax over one
+            # element to 1, and attention over one token no longer reads its queries and keys): dcnb's gradient
+            # is None, as PyTorch's is for a parameter a forward does not use
+            errors[label] = 0.0
+            continue
         if g is None:
             ok, worst, worst_ratio = False, label, math.inf
             errors[label] = math.inf
