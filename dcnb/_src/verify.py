@@ -85,7 +85,14 @@ def run(
     return Run(tensors)
 
 
-def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL) -> Check:
+def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL, exact: Run | None = None) -> Check:
+    """Each of PyTorch's tensors in ``want`` against dcnb's in ``got``, within the tolerance scaled by magnitude.
+
+    ``exact`` is PyTorch's run in float64, where there is one: a tensor past its bound still matches if dcnb is no
+    farther from it than twice PyTorch's float32 is. Some gradients are ill-conditioned (MobileViT's, through a
+    training BatchNorm of a few elements per channel: PyTorch's float32 gradient is 0.02 from its float64 one where
+    the largest is 0.034), and summing in another order moves them farther than any fixed tolerance allows.
+    """
     errors: dict[str, float] = {}
     worst, worst_ratio = "", -1.0
     ok = True
@@ -109,11 +116,23 @@ def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL) -> Chec
             continue
         abs_err, ratio = _errors(g, w, rtol, atol)
         errors[label] = abs_err
+        if ratio > 1.0 and exact is not None and label in exact.tensors and _as_exact(g, w, exact.tensors[label]):
+            ratio = 1.0
         if ratio > 1.0:
             ok = False
         if ratio > worst_ratio:
             worst, worst_ratio = label, ratio
     return Check(ok, max(errors.values(), default=0.0), worst, errors)
+
+
+def _as_exact(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Whether ``got`` is at most twice as far from ``exact`` (float64) as ``want`` (PyTorch's float32) is."""
+    if exact.shape != want.shape:
+        return False
+    exact = exact.to(torch.float64)
+    ours = float(torch.sub(got.reshape(want.shape).to(torch.float64), exact).abs().max())
+    theirs = float(torch.sub(want.to(torch.float64), exact).abs().max())
+    return math.isfinite(ours) and ours <= 2 * theirs
 
 
 def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> tuple[float, float]:

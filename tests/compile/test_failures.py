@@ -196,6 +196,26 @@ def test_an_op_pytorch_cannot_export_names_the_torch_call_and_prints_nothing(cap
     assert "graph" not in captured.out + captured.err
 
 
+class _FarFromZero(nn.Module):
+    """A training BatchNorm over four values 300 from zero and 0.01 apart: float32 keeps three digits of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.linear = nn.BatchNorm1d(3), nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.norm(self.linear(x) + 300.0)
+
+
+def test_an_ill_conditioned_gradient_is_judged_against_float64():
+    # the weight's gradient: PyTorch's float32 is as far from the float64 one as dcnb's is from PyTorch's, past any
+    # fixed tolerance (MobileViT's naive step was refused so)
+    torch.manual_seed(0)
+    session = dcnb.optimize(_FarFromZero(), torch.randn(4, 3, 5) * 0.01, training=True, baselines=(), time_budget=0.01)
+    assert session.current.ok and session.current.check.ok
+    assert session.current.check.errors["grad norm.weight"] > 1e-4
+
+
 def test_not_a_module_or_no_inputs():
     with pytest.raises(dcnb.InputError, match="torch.nn.Module"):
         dcnb.optimize(lambda x: x, torch.rand(2))

@@ -119,6 +119,14 @@ def test_compare_scales_tolerance_by_magnitude_and_names_the_worst():
     assert not verify.compare(verify.Run({"grad x": want.tensors["grad x"]}), verify.Run({"output": torch.zeros(2)})).ok
 
 
+def test_compare_lets_dcnb_be_as_far_from_float64_as_twice_pytorchs_float32():
+    exact = verify.Run({"grad w": torch.tensor([0.034, -0.01], dtype=torch.float64)})
+    want = verify.Run({"grad w": torch.tensor([0.054, -0.01])})  # PyTorch's float32: 0.02 off
+    near, far = verify.Run({"grad w": torch.tensor([0.004, -0.01])}), verify.Run({"grad w": torch.tensor([0.084, -0.01])})
+    assert not verify.compare(near, want).ok and verify.compare(near, want, exact=exact).ok
+    assert not verify.compare(far, want, exact=exact).ok
+
+
 def test_runs_are_the_same_only_bit_for_bit():
     run = verify.Run({"output": torch.tensor([1.0, 2.0]), "grad x": torch.tensor([3.0])})
     assert run.same_as(verify.Run({k: t.clone() for k, t in run.tensors.items()}))
