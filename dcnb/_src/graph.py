@@ -203,6 +203,16 @@ def _kind(node: nodes.Node) -> str:
     return OTHER
 
 
+def range_text(ranges) -> str:
+    """A map's range as begin:end(:step) per dimension, end exclusive. DaCe prints a dimension of one iteration with
+    a step as ``begin:step`` (a row of 16 vectorized 16 wide: ``0:16``, as if it had not changed)."""
+    parts = []
+    for begin, end, step in ranges:
+        text = str(begin) if begin == end and step == 1 else f"{begin}:{end + 1}"
+        parts.append(text if step == 1 else f"{text}:{step}")
+    return ", ".join(parts)
+
+
 def _info(sdfg: dace.SDFG, node: nodes.Node) -> dict[str, str]:
     """What a click on the node shows, as label -> text."""
     if isinstance(node, nodes.AccessNode):
@@ -228,7 +238,7 @@ def _info(sdfg: dace.SDFG, node: nodes.Node) -> dict[str, str]:
         return {
             "map": m.label,
             "parameters": ", ".join(m.params),
-            "range": str(m.range),
+            "range": range_text(m.range),
             "schedule": m.schedule.name,
         }
     if isinstance(node, nodes.EntryNode):

@@ -105,6 +105,8 @@ def test_the_picture_has_scopes_memlets_and_details():
     assert tasklet["scope"] == entry["id"] and exit_["scope"] == entry["id"] and entry["scope"] is None
     assert entry["exit"] == exit_["id"]
     assert entry["info"]["range"] == "0:4, 0:8" and entry["info"]["parameters"] == "i, j"
+    # a row of 16 vectorized 16 wide is one iteration with a step of 16, which DaCe prints as it printed 0:16
+    assert graph.range_text(dace.subsets.Range([(0, 2, 1), (0, 0, 16), (4, 4, 1), (0, 15, 4)])) == "0:3, 0:1:16, 4, 0:16:4"
     assert tasklet["info"]["code"] == "__out = (dace.float32(2) * __in2)"
     x = next(n for n in state["nodes"] if n["label"] == "x")
     assert x["info"]["shape"] == "4 x 8" and x["info"]["dtype"] == "float32" and x["info"]["bytes"] == "128"
