@@ -54,19 +54,19 @@ def test_a_cumulative_batch_norm_in_training_names_the_module():
     assert raised.value.op == "BatchNormalization"
 
 
-class _Bicubic(nn.Module):
-    def forward(self, x):
-        return nn.functional.interpolate(x, scale_factor=2, mode="bicubic")
+class _Ellipsis(nn.Module):
+    def forward(self, x, y):
+        return torch.einsum("...ij,...jk->...ik", x, y)
 
 
 def test_an_op_its_implementation_does_not_cover_names_the_op_its_use_and_the_torch_call():
     with pytest.raises(dcnb.UnsupportedOpError) as raised:
-        import_module(_Bicubic(), (torch.randn(1, 2, 5, 5),), training=False)
+        import_module(_Ellipsis(), (torch.randn(2, 3, 4), torch.randn(2, 4, 5)), training=False)
     message = str(raised.value)
-    assert message.startswith("DaCe's implementation of the ONNX op Resize does not cover it as used here (")
-    assert "mode=cubic" in message and "upsample_bicubic2d(" in message
-    assert message.endswith("in _Bicubic; _Bicubic cannot be built.")
-    assert raised.value.op == "Resize"
+    assert message.startswith("DaCe's implementation of the ONNX op Einsum does not cover it as used here (")
+    assert "equation=...ij,...jk->...ik" in message and "einsum(" in message
+    assert message.endswith("in _Ellipsis; _Ellipsis cannot be built.")
+    assert raised.value.op == "Einsum"
 
 
 
