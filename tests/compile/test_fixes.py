@@ -481,6 +481,16 @@ def test_a_bias_gradient_is_summed_without_atomics():
     assert any(isinstance(n, dace.libraries.standard.Reduce) for n, _ in session.backward_sdfg.all_nodes_recursive())
 
 
+def test_a_gradient_every_iteration_adds_into_one_element_is_summed_too():
+    # a PReLU's single slope: every parameter of the map is summed over, and the sums' map had no parameters left
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    x = x + 0.1 * x.sign()  # away from the kink
+    session = _optimize(nn.PReLU(), x, training=True)
+    _assert_checked(session, "grad input", "grad weight")
+    assert _sums_in_maps(session.backward_sdfg) == []
+
+
 class _Scaled(nn.Module):
     """A bias over the last axis and a scale per row (the sums go down the columns and along the rows)."""
 

@@ -86,7 +86,8 @@ def _to_reduce(sdfg, state, entry, edge, inner, sizes: list[int], axes: list[int
     kept = [i for i in range(len(params)) if i not in axes]
 
     terms, _ = sdfg.add_transient(f"{target}_terms", sizes, dtype, find_new_name=True)
-    sums, _ = sdfg.add_transient(f"{target}_sums", [sizes[i] for i in kept], dtype, find_new_name=True)
+    # (one element where every parameter is summed over: a PReLU's single slope)
+    sums, _ = sdfg.add_transient(f"{target}_sums", [sizes[i] for i in kept] or [1], dtype, find_new_name=True)
     terms_node, sums_node = state.add_access(terms), state.add_access(sums)
 
     # the tasklet's share: one plain store per iteration
@@ -110,6 +111,11 @@ def _to_reduce(sdfg, state, entry, edge, inner, sizes: list[int], axes: list[int
     names = [f"__s{i}" for i in range(len(kept))]
     by_param = {params[i]: name for i, name in zip(kept, names)}
     index = ", ".join(by_param.get(str(b), str(b)) for b, _, _ in inner.data.subset.ndrange())
+    if not kept:
+        add = state.add_tasklet(f"add_{sums}", {"__in"}, {"__out"}, "__out = __in")
+        state.add_edge(sums_node, None, add, "__in", dace.Memlet(f"{sums}[0]"))
+        state.add_edge(add, "__out", edge.dst, None, dace.Memlet(f"{target}[{index}]", wcr="lambda x, y: x + y"))
+        return
     state.add_mapped_tasklet(
         f"add_{sums}",
         {name: f"0:{sizes[i]}" for i, name in zip(kept, names)},
