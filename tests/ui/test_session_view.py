@@ -39,8 +39,11 @@ def cells(length: int) -> list[str]:
     return [
         "%load_ext dcnb\nimport json, torch\nfrom torch import nn",
         f"%%dcoptimize --inputs torch.randn(3,5,16) --baselines torch --time-budget 0.1 --as block\n{BLOCK}",
-        # a sequence length no earlier run built: this session's steps are real builds, long enough to watch
-        f"%%dcoptimize --inputs torch.randn(2,{length},16) --baselines torch --time-budget 0.1 --as slow\n{BLOCK}",
+        # a sequence length no earlier run built: this session's steps are real builds, long enough to watch (four
+        # blocks: one compiles in 2.4 s on a fast machine, too close to the 2 s the test waits to see)
+        f"%%dcoptimize --inputs torch.randn(2,{length},16) --baselines torch --time-budget 0.1 --as slow --class Deep\n"
+        f"{BLOCK}\n\n\nclass Deep(nn.Sequential):\n    def __init__(self):\n"
+        "        super().__init__(*(PreNormResidual() for _ in range(4)))",
         # names, removed nodes and code are text, never markup
         f"""from dcnb._src.widget import SessionWidget
 evil = SessionWidget(block, variable="evil")
