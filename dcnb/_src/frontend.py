@@ -202,7 +202,7 @@ def _export(
         if verbose:
             raise
         op = re.search(r"operator '([^']+)'", str(e))
-        where = _unexported_source(module, inputs, call, input_names, training, op.group(1)) if op else None
+        where = _torch_source(module, inputs, call, input_names, training, f" = {op.group(1)}(") if op else None
         raise UnsupportedOpError(
             f"PyTorch cannot export {op.group(1) if op else 'an operator'} of {type(module).__name__} to ONNX "
             f"(opset {OPSET})" + (f", which comes from {where}" if where else "") + "; DaCe cannot import the module.",
@@ -260,7 +260,7 @@ def _check_supported(
             continue
         if has_onnx_node(node.op_type) and get_onnx_node(node.op_type).implementations:
             continue
-        where = _torch_source(module, inputs, call, input_names, training, node.name)
+        where = _torch_source(module, inputs, call, input_names, training, f'onnx_name="{node.name}"')
         raise UnsupportedOpError(
             f"DaCe has no implementation of the ONNX op {node.op_type}"
             + (f", which comes from {where}" if where else "")
@@ -290,7 +290,9 @@ def _check_covered(
             continue
         proto = next((n for n in model.graph.node if clean_onnx_name(n.name) == node.label), None)
         attributes = ", ".join(f"{a.name}={_attribute(a)}" for a in proto.attribute) if proto else ""
-        where = _torch_source(module, inputs, call, input_names, training, proto.name) if proto else None
+        where = (
+            _torch_source(module, inputs, call, input_names, training, f'onnx_name="{proto.name}"') if proto else None
+        )
         raise UnsupportedOpError(
             f"DaCe's implementation of the ONNX op {node.schema.name} does not cover it as used here"
             + (f" ({attributes})" if attributes else "")
@@ -314,20 +316,12 @@ def _torch_source(
     call: Call,
     input_names: list[str],
     training: bool,
-    onnx_name: str,
+    marker: str,
 ) -> str | None:
-    """The Python line that produced ONNX node ``onnx_name``, read off the exporter's verbose graph."""
+    """The Python line of the first line of the exporter's verbose graph that holds ``marker``: an ONNX node's
+    ``onnx_name="..."``, or `` = aten::op(`` in the graph it logs where it cannot export that op."""
     log = _capture_fds(lambda: _export(module, inputs, call, input_names, training, verbose=True))
-    line = next((line for line in log.splitlines() if f'onnx_name="{onnx_name}"' in line), None)
-    return _line_source(line) if line else None
-
-
-def _unexported_source(
-    module: nn.Module, inputs: tuple[torch.Tensor, ...], call: Call, input_names: list[str], training: bool, op: str
-) -> str | None:
-    """The Python line of the first call of the aten op ``op``, read off the graph the exporter logs when it fails."""
-    log = _capture_fds(lambda: _export(module, inputs, call, input_names, training, verbose=True))
-    line = next((line for line in log.splitlines() if f" = {op}(" in line), None)
+    line = next((line for line in log.splitlines() if marker in line), None)
     return _line_source(line) if line else None
 
 
