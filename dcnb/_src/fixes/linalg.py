@@ -6,6 +6,7 @@ import copy
 
 import dace
 from dace.autodiff.implementations.onnx_ops import DefaultEinsumBackward
+from dace.frontend.common.einsum import create_einsum_sdfg
 from dace.libraries.blas.nodes.batched_matmul import BatchedMatMul, ExpandBatchedMatMulOpenBLAS
 from dace.libraries.blas.nodes.dot import Dot
 from dace.libraries.blas.nodes.gemm import ExpandGemmOpenBLAS, Gemm
@@ -13,7 +14,6 @@ from dace.libraries.blas.nodes.gemv import Gemv
 from dace.libraries.linalg.nodes.transpose import Transpose
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op_registry import ONNXEinsum
-from dace.frontend.common.einsum import create_einsum_sdfg
 from dace.libraries.onnx.op_implementations.linalg_ops import PureEinsum, PureMatMul
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
