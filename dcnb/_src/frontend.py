@@ -86,7 +86,7 @@ def import_module(
         _check_covered(model.sdfg, model_proto, module, inputs, call, input_names, training)
     graph_inputs = set(model.inputs)
     padding = {
-        f"{path}.weight" if path else "weight": sub.padding_idx
+        _member(path, "weight"): sub.padding_idx
         for path, sub in module.named_modules()
         if isinstance(sub, nn.Embedding) and sub.padding_idx is not None
     }
@@ -102,9 +102,14 @@ def import_module(
         constants=model.clean_weights,
         ops=[node.op_type for node in model_proto.graph.node],
         buffer_updates={clean_onnx_name(renamed[n]): path for n, path in updates.items()},
-        counters=sorted({f"{path.rpartition('.')[0]}.num_batches_tracked" for path in updates.values()} & set(named)),
+        counters=sorted({_member(path.rpartition(".")[0], "num_batches_tracked") for path in updates.values()} & set(named)),
         padding_rows={clean_onnx_name(n): padding[n] for n in named if n in graph_inputs and n in padding},
     )
+
+
+def _member(path: str, name: str) -> str:
+    """The path of ``name`` in the submodule at ``path`` ("" is the module itself: a BatchNorm the user passes)."""
+    return f"{path}.{name}" if path else name
 
 
 #: where onnxruntime's symbolic shape inference saves the model, in the working directory, when some shape escapes it

@@ -36,6 +36,14 @@ def test_training_batch_norm_exposes_its_running_statistics():
     assert import_module(module.eval(), (torch.randn(4, 2, 3, 3),), training=False).buffer_updates == {}
 
 
+def test_a_batch_norm_passed_alone_counts_its_own_batches():
+    # its buffers have no module path in front: the counter was looked up as ".num_batches_tracked", never found,
+    # and the naive step was refused (num_batches_tracked off by 1 from PyTorch's)
+    imported = import_module(nn.BatchNorm2d(3).train(), (torch.randn(4, 3, 2, 2),), training=True)
+    assert sorted(imported.buffer_updates.values()) == ["running_mean", "running_var"]
+    assert imported.counters == ["num_batches_tracked"]
+
+
 def test_running_statistics_of_buffers_off_the_cpu():
     # a module on a GPU: its buffers refuse .numpy() (as tensors on PyTorch's meta device do, here without a GPU)
     module = nn.Sequential(nn.BatchNorm2d(3)).train().to("meta")
