@@ -226,8 +226,7 @@ def _outer_maps(group: StateSubgraphView) -> Bound:
 def _subgraph_fusion(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
     sdfg.apply_transformations_repeated(TrivialMapElimination)
     groups = _fusable(sdfg, where)
-    check(groups, "subgraph_fusion finds no group of maps it can fuse")
-    for subgraph in groups:
+    for subgraph in groups:  # none on one side is no error: the session refuses a step where neither side has one
         SubgraphFusion.apply_to(sdfg, subgraph.nodes(), **options)
     return len(groups)
 
