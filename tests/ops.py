@@ -316,6 +316,12 @@ SHAPES = [
         lambda gen: (torch.randn(3, 4, 2, generator=gen), torch.randint(0, 4, (3, 6, 2), generator=gen)),
     ),
     Op("index_select", lambda: Fn(lambda x: x[:, torch.tensor([0, 2, 2, 5])]), randn(4, 8)),
+    Op("select_from_the_end", lambda: Fn(lambda x: x[:, -1] * x[:, torch.tensor([-2, 0, -8])].sum(-1)), randn(4, 8)),
+    Op(
+        "index_given_at_run_time",
+        lambda: Fn(lambda x, i: x[i] * 2),
+        lambda gen: (torch.randn(5, 3, generator=gen), torch.tensor([-1, 4, -5, 0])),
+    ),
     Op("squeeze_unsqueeze", lambda: Fn(lambda x: x.unsqueeze(1).squeeze(1) * x), randn(4, 8)),
     Op("tril_mask", lambda: Fn(lambda x: x.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), 0.0)), randn(2, 8, 8)),
 ]

@@ -80,7 +80,9 @@ def import_module(
     with warnings.catch_warnings(), _no_file_left(_SHAPE_INFERENCE_LEFTOVER):
         warnings.simplefilter("ignore")
         # simplified first, so that shape arithmetic (Shape, Gather, Mod, ...) is folded before ops are checked
-        model_proto = simplify_onnx_model(infer_shapes_onnx_model(model_proto), auto_merge=False)
+        model_proto = infer_shapes_onnx_model(model_proto)
+        _indices_from_the_start(model_proto)
+        model_proto = simplify_onnx_model(model_proto, auto_merge=False)
         _check_supported(model_proto, module, inputs, call, input_names, training)
         model = ONNXModel(name, model_proto, onnx_simplify=False)
         _check_covered(model.sdfg, model_proto, module, inputs, call, input_names, training)
@@ -102,7 +104,9 @@ def import_module(
         constants=model.clean_weights,
         ops=[node.op_type for node in model_proto.graph.node],
         buffer_updates={clean_onnx_name(renamed[n]): path for n, path in updates.items()},
-        counters=sorted({_member(path.rpartition(".")[0], "num_batches_tracked") for path in updates.values()} & set(named)),
+        counters=sorted(
+            {_member(path.rpartition(".")[0], "num_batches_tracked") for path in updates.values()} & set(named)
+        ),
         padding_rows={clean_onnx_name(n): padding[n] for n in named if n in graph_inputs and n in padding},
     )
 
@@ -157,6 +161,44 @@ def _expose_running_statistics(model: onnx.ModelProto, module: nn.Module) -> dic
                 model.graph.output.append(onnx.helper.make_tensor_value_info(output, elem, list(tensor.shape)))
                 updates[output] = buffer
     return updates
+
+
+def _indices_from_the_start(model: onnx.ModelProto) -> None:
+    """Make each Gather read indices counted from the start of its axis: ``where(i < 0, i + size, i)`` before it,
+    which simplification folds where the indices are constants (``x[:, -1]``). Needs the shapes inferred.
+
+    gap: DaCe's Gather reads its indices as given, and ONNX's count from the end where negative: ``x[:, -1]`` read
+    before the array (wrong values, a corrupted heap).
+    """
+    types = {v.name: v.type.tensor_type for v in (*model.graph.input, *model.graph.value_info)}
+    for t in model.graph.initializer:
+        types[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, t.dims).tensor_type
+    rewritten = []
+    for node in model.graph.node:
+        size = _axis_size(types.get(node.input[0]), node) if node.op_type == "Gather" else None
+        if size is not None and node.input[1] in types:
+            name, dtype = f"{node.name or node.output[0]}/from_the_start", types[node.input[1]].elem_type
+            at, zero, negative, moved, start = (f"{name}/{p}" for p in ("size", "zero", "negative", "moved", "start"))
+            constants = ((at, size), (zero, 0))
+            model.graph.initializer.extend(onnx.helper.make_tensor(n, dtype, [], [v]) for n, v in constants)
+            rewritten += [
+                onnx.helper.make_node("Less", [node.input[1], zero], [negative], name=negative),
+                onnx.helper.make_node("Add", [node.input[1], at], [moved], name=moved),
+                onnx.helper.make_node("Where", [negative, moved, node.input[1]], [start], name=start),
+            ]
+            node.input[1] = start
+        rewritten.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(rewritten)
+
+
+def _axis_size(data: onnx.TypeProto.Tensor | None, gather: onnx.NodeProto) -> int | None:
+    """The length of the axis ``gather`` indexes in ``data``; None where no shape inferred says it."""
+    if data is None or not data.HasField("shape"):
+        return None
+    axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+    dims = data.shape.dim
+    return dims[axis].dim_value if -len(dims) <= axis < len(dims) and dims[axis].HasField("dim_value") else None
 
 
 def _sdfg_name(module: nn.Module) -> str:

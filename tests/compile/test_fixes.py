@@ -71,6 +71,21 @@ def test_gather_elements_expansion_and_backward():
     _assert_checked(_optimize(_Gathers(), x, i, j, training=True), "output", "grad x")
 
 
+class _FromTheEnd(nn.Module):
+    def forward(self, x, i):
+        return x[:, -1] * 2 + x[:, i].sum(1)
+
+
+def test_indices_counted_from_the_end():
+    # DaCe's Gather read negative indices before the array: x[:, -1] (a constant), and indices given at run time,
+    # gave wrong values and corrupted the heap
+    torch.manual_seed(0)
+    session = _optimize(_FromTheEnd(), torch.randn(3, 5, 4), torch.tensor([-1, 0, -5, 2]))
+    _assert_checked(session, "output", "grad x")
+    x, i = torch.randn(3, 5, 4), torch.tensor([3, -2, -2, -4])
+    torch.testing.assert_close(session.module(x, i), _FromTheEnd()(x, i))
+
+
 class _Bicubic(nn.Module):
     def forward(self, x):
         return F.interpolate(x, size=(7, 3), mode="bicubic", align_corners=False)

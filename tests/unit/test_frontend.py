@@ -44,6 +44,16 @@ def test_a_batch_norm_passed_alone_counts_its_own_batches():
     assert imported.counters == ["num_batches_tracked"]
 
 
+class _Last(nn.Module):
+    def forward(self, x, i):
+        return x[:, -1] + x[:, i]
+
+
+def test_indices_from_the_end_are_moved_to_the_start_where_constant_and_at_run_time_otherwise():
+    imported = import_module(_Last(), (torch.randn(2, 3), torch.tensor(1)), training=False)
+    assert imported.ops.count("Gather") == 2 and imported.ops.count("Where") == 1  # only i's is left to run
+
+
 def test_running_statistics_of_buffers_off_the_cpu():
     # a module on a GPU: its buffers refuse .numpy() (as tensors on PyTorch's meta device do, here without a GPU)
     module = nn.Sequential(nn.BatchNorm2d(3)).train().to("meta")
