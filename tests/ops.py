@@ -317,6 +317,7 @@ SHAPES = [
     ),
     Op("index_select", lambda: Fn(lambda x: x[:, torch.tensor([0, 2, 2, 5])]), randn(4, 8)),
     Op("select_from_the_end", lambda: Fn(lambda x: x[:, -1] * x[:, torch.tensor([-2, 0, -8])].sum(-1)), randn(4, 8)),
+    Op("select_on_an_axis_of_one", lambda: Fn(lambda x: x[0] * x[:, [0, 0]].sum(1)), randn(1, 1, 5)),
     Op(
         "index_given_at_run_time",
         lambda: Fn(lambda x, i: x[i] * 2),

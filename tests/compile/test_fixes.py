@@ -86,6 +86,17 @@ def test_indices_counted_from_the_end():
     torch.testing.assert_close(session.module(x, i), _FromTheEnd()(x, i))
 
 
+class _FromAnAxisOfOne(nn.Module):
+    def forward(self, x):
+        return x[0] * 2 + x[:, :, torch.tensor([0, -1, 0])].sum(-1)
+
+
+def test_gathers_from_an_axis_of_length_one():
+    # DaCe's Gather read the axis through a memlet that DaCe took for one element: an invalid SDFG
+    torch.manual_seed(0)
+    _assert_checked(_optimize(_FromAnAxisOfOne(), torch.randn(1, 4, 1)), "output", "grad x")
+
+
 class _Bicubic(nn.Module):
     def forward(self, x):
         return F.interpolate(x, size=(7, 3), mode="bicubic", align_corners=False)

@@ -1,5 +1,5 @@
-"""Array ops: Expand (broadcasting to a shape), Slice, Split, and the gathers Pad, GatherElements, Tile, DepthToSpace
-and SpaceToDepth (C++ loops, with a backward that adds each output's gradient into the element it read)."""
+"""Array ops: Expand (broadcasting to a shape), Slice, Split, Gather from an axis of length 1, and the gathers Pad,
+GatherElements, Tile, DepthToSpace and SpaceToDepth (C++ loops, with a backward that adds each output's gradient into the element it read)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dace import data as dt
 from dace import subsets
 from dace.autodiff.base_abc import BackwardImplementation
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
+from dace.libraries.onnx.op_implementations.array_ops import PureGather
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.onnx import constant_folding
@@ -192,6 +193,35 @@ class SplitExpansion(ONNXForward):
 
 
 #: a gather's source element for output element ``index``: (C++ declaring what it needs, the input's index, the
+@pure_expansion("Gather", name="dcnb")
+class GatherExpansion(ONNXForward):
+    # gap: DaCe's Gather reads ``__data[idx]`` through a memlet over the whole axis, which DaCe takes for a single
+    # element where the axis has length 1 (``x[0]`` of a batch of one; ConvBERT's span kernels): an invalid SDFG
+    @staticmethod
+    def forward(node, state, sdfg):
+        x, y = in_desc_with_name(node, state, sdfg, "data"), out_desc_with_name(node, state, sdfg, "output")
+        axis = node.axis % len(x.shape)
+        if int(x.shape[axis]) != 1:
+            return PureGather.forward(node, state, sdfg)
+        # every index in range reads the axis' one element: a copy that repeats it along the indices' axes
+        nsdfg = dace.SDFG(f"{node.label}_expansion")
+        for name, desc in (("data", x), ("indices", in_desc_with_name(node, state, sdfg, "indices")), ("output", y)):
+            nsdfg.add_datadesc(name, copy.deepcopy(desc))
+            nsdfg.arrays[name].transient = False
+        params = [f"__i{d}" for d in range(len(y.shape))]
+        after = len(y.shape) - (len(x.shape) - axis - 1)  # the output's axes after the indices' ones
+        read = [*params[:axis], "0", *params[after:]]
+        nsdfg.add_state().add_mapped_tasklet(
+            f"{node.label}_repeat",
+            {p: f"0:{n}" for p, n in zip(params, y.shape)},
+            {"__in": dace.Memlet(f"data[{', '.join(read)}]")},
+            "__out = __in",
+            {"__out": dace.Memlet(f"output[{', '.join(params)}]")},
+            external_edges=True,
+        )
+        return nsdfg
+
+
 #: C++ condition under which it reads one, or None for always); its arguments: node, state, sdfg, x, y, index
 Source = Callable[..., tuple[str, list[str], str | None]]
 
