@@ -26,8 +26,8 @@ from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node, has_onnx_n
 from torch import nn
 from torch.onnx._internal.torchscript_exporter import utils as torchscript_exporter
 
-from . import export_rules, structure
-from .errors import DcnbError, UnsupportedOpError, first_line
+from . import export_rules, structure, workdir
+from .errors import DcnbError, UnsupportedOpError, describe, first_line
 from .structure import Call
 
 OPSET = 18
@@ -77,14 +77,17 @@ def import_module(
         if model_proto.graph.initializer[i].name in named:
             model_proto.graph.initializer.pop(i)
     updates = _expose_running_statistics(model_proto, module) if training else {}
-    with warnings.catch_warnings(), _no_file_left(_SHAPE_INFERENCE_LEFTOVER):
+    with warnings.catch_warnings(), workdir.untouched():
         warnings.simplefilter("ignore")
         # simplified first, so that shape arithmetic (Shape, Gather, Mod, ...) is folded before ops are checked
         model_proto = infer_shapes_onnx_model(model_proto)
         _indices_from_the_start(model_proto)
         model_proto = simplify_onnx_model(model_proto, auto_merge=False)
         _check_supported(model_proto, module, inputs, call, input_names, training)
-        model = ONNXModel(name, model_proto, onnx_simplify=False)
+        try:
+            model = ONNXModel(name, model_proto, onnx_simplify=False)
+        except Exception as e:
+            raise DcnbError(f"DaCe could not import the graph {type(module).__name__} exports: {describe(e)}") from e
         _check_covered(model.sdfg, model_proto, module, inputs, call, input_names, training)
     graph_inputs = set(model.inputs)
     padding = {
@@ -114,23 +117,6 @@ def import_module(
 def _member(path: str, name: str) -> str:
     """The path of ``name`` in the submodule at ``path`` ("" is the module itself: a BatchNorm the user passes)."""
     return f"{path}.{name}" if path else name
-
-
-#: where onnxruntime's symbolic shape inference saves the model, in the working directory, when some shape escapes it
-#: (a Swin's shifted windows: DaCe then infers with ONNX's own)
-_SHAPE_INFERENCE_LEFTOVER = "sym_shape_infer_temp.onnx"
-
-
-@contextlib.contextmanager
-def _no_file_left(path: str):
-    """Remove ``path`` afterwards if it was not there before: the user's folder stays as it was."""
-    existed = os.path.lexists(path)
-    try:
-        yield
-    finally:
-        if not existed:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
 
 
 def _expose_running_statistics(model: onnx.ModelProto, module: nn.Module) -> dict[str, str]:

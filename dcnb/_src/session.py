@@ -18,7 +18,7 @@ from torch import nn
 
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import cuda_check, events, graph, native, passes, probe, program, steps, structure, timing, verify
+from . import cuda_check, events, graph, native, passes, probe, program, steps, structure, timing, verify, workdir
 from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
@@ -123,7 +123,7 @@ class Session:
         self._states: list[_State] = []
         # dcnb never changes the user's objects: what the export, the checks and the timing do to the module
         # (gradients, BatchNorm's statistics, the training flag) is undone, here and in every step
-        with verify.preserved(self._module, training):
+        with verify.preserved(self._module, training), workdir.untouched():
             self._start()
 
     def _start(self) -> None:
@@ -293,7 +293,7 @@ class Session:
         started = time.perf_counter()
         self._progress(f"applying {name}")
         try:
-            with verify.preserved(self._module, self.training):
+            with verify.preserved(self._module, self.training), workdir.untouched():
                 state = self._advance(self._states[-1], applied, index)
         except DcnbError as e:
             step = Step(index, name, applied.options, applied.where, ok=False, error=str(e), log=getattr(e, "log", None))

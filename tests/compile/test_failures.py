@@ -132,13 +132,17 @@ def test_a_compile_failure_keeps_the_compiler_log(session, broken_actions):
     assert session.apply("tasklet_fusion").ok  # the session goes on from its last good state
 
 
-def test_a_transformation_that_leaves_an_invalid_sdfg_names_what_is_invalid(session, broken_actions):
+def test_a_transformation_that_leaves_an_invalid_sdfg_names_what_is_invalid(
+    session, broken_actions, tmp_path, monkeypatch
+):
     # validated where its build fails: DaCe's code generation refuses it in the compile's process
     before = session.current
+    monkeypatch.chdir(tmp_path)
     step = session.apply("disconnecting")
     assert step.error.startswith("disconnecting left an invalid SDFG: InvalidSDFGNodeError"), step.error
     assert "unwritten" in step.error
     _assert_rolled_back(session, before, step)
+    assert list(tmp_path.iterdir()) == []  # DaCe saved the SDFG into _dacegraphs/ in the working directory
 
 
 def test_an_action_that_matches_nothing_fails_with_its_reason(session):
