@@ -6,7 +6,6 @@ import copy
 
 import dace
 from dace import subsets
-from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
 
 
@@ -40,16 +39,18 @@ def split_shared_map_inputs(sdfg: dace.SDFG) -> int:
 
 
 def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
-    """Give every ONNX op whole arrays: where one reads or writes part of an array (a slice that simplification
-    made a memlet's subset), the part is copied through a transient of its own; returns how many were.
+    """Give every library node (ONNX ops, and the Reduce their import expands ReduceMean to) whole arrays: where one
+    reads or writes part of an array (a slice that simplification made a memlet's subset), the part is copied through
+    a transient of its own; returns how many were.
 
     gap: DaCe's backward rules (and dcnb's) describe an op's gradients with its arrays' descriptors, so the sum of
-    ``x[1:]`` made a gradient of x's shape for a part of x's: an invalid backward SDFG.
+    ``x[1:]`` made a gradient of x's shape for a part of x's: an invalid backward SDFG (BEiT's mean of its patch
+    tokens, through DaCe's Reduce).
     """
     copied = 0
     for state in (s for g in sdfg.all_sdfgs_recursive() for s in g.states()):
         g = state.sdfg
-        for node in [n for n in state.nodes() if isinstance(n, ONNXOp)]:
+        for node in [n for n in state.nodes() if isinstance(n, nodes.LibraryNode)]:
             for edge in [*state.in_edges(node), *state.out_edges(node)]:
                 outer = edge.src if edge.dst is node else edge.dst
                 if not isinstance(outer, nodes.AccessNode) or edge.data.is_empty():
