@@ -14,7 +14,7 @@ from dace.sdfg import nodes
 
 from . import passes
 from .fixes import embedding
-from .errors import StepError
+from .errors import StepError, describe
 from .frontend import Imported
 
 
@@ -51,6 +51,12 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
             "apply this transformation after autodiff instead"
         )
     passes.run(passes.BEFORE_AUTODIFF, forward)
+    # gap: DaCe's autodiff fails (KeyError) on an input no output depends on; its gradient is PyTorch's zeros,
+    # which the check accepts for a missing one (LeViT's queries of a single query token reach only BatchNorm's
+    # running statistics)
+    wrt = [name for name in wrt if name in _feeding(forward, imported.outputs)]
+    if not wrt:
+        raise StepError("no input or parameter requiring a gradient reaches an output: build it with backward=False")
     model = types.SimpleNamespace(sdfg=forward, outputs=imported.outputs)
     try:
         forward, backward, result, forwarded = make_backward_function(model, wrt)
@@ -66,6 +72,8 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
                 "tasklets before it (tasklet_fusion)"
             ) from e
         raise StepError("DaCe's autodiff failed on an internal assertion") from e
+    except Exception as e:  # an SDFG it made and found invalid, say
+        raise StepError(f"DaCe's autodiff failed: {describe(e)}") from e
     passes.run(passes.AFTER_AUTODIFF, forward, "forward")
     passes.run(passes.AFTER_AUTODIFF, backward, "backward")
     grads = result.required_grad_names
@@ -77,6 +85,29 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
         input_grads=dict(result.required_grad_names),
         output_grads=dict(result.given_grad_names),
     )
+
+
+def _feeding(sdfg: dace.SDFG, outputs: list[str]) -> set[str]:
+    """The arrays of ``sdfg``'s one state that some array in ``outputs`` is computed from (them included)."""
+    state = sdfg.start_state
+    by_name: dict[str, list[nodes.AccessNode]] = {}
+    for node in state.data_nodes():
+        by_name.setdefault(node.data, []).append(node)
+    found, frontier = set(outputs), [n for name in outputs for n in by_name.get(name, [])]
+    seen = set(frontier)
+    while frontier:
+        for edge in state.in_edges(frontier.pop()):
+            if edge.src in seen:
+                continue
+            # every access node of an array it reaches: one written in one place may be read from another
+            reached = by_name[edge.src.data] if isinstance(edge.src, nodes.AccessNode) else [edge.src]
+            for node in reached:
+                if node not in seen:
+                    seen.add(node)
+                    frontier.append(node)
+            if isinstance(edge.src, nodes.AccessNode):
+                found.add(edge.src.data)
+    return found
 
 
 def _in_scope_intermediates(sdfg: dace.SDFG) -> set[str]:

@@ -89,7 +89,8 @@ def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL, exact: 
     """Each of PyTorch's tensors in ``want`` against dcnb's in ``got``, within the tolerance scaled by magnitude.
 
     ``exact`` is PyTorch's run in float64, where there is one: a tensor past its bound still matches if dcnb is no
-    farther from it than twice PyTorch's float32 is. Some gradients are ill-conditioned (MobileViT's, through a
+    farther from it than twice PyTorch's float32 is (four times where the float64 value is within PyTorch's float32
+    error of zero: rounding noise both). Some gradients are ill-conditioned (MobileViT's, through a
     training BatchNorm of a few elements per channel: PyTorch's float32 gradient is 0.02 from its float64 one where
     the largest is 0.034), and summing in another order moves them farther than any fixed tolerance allows.
     """
@@ -126,13 +127,17 @@ def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL, exact: 
 
 
 def _as_exact(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor) -> bool:
-    """Whether ``got`` is at most twice as far from ``exact`` (float64) as ``want`` (PyTorch's float32) is."""
+    """Whether ``got`` is at most twice (four times, for rounding noise) as far from ``exact`` (float64) as ``want``
+    (PyTorch's float32) is."""
     if exact.shape != want.shape:
         return False
     exact = exact.to(torch.float64)
     ours = float(torch.sub(got.reshape(want.shape).to(torch.float64), exact).abs().max())
     theirs = float(torch.sub(want.to(torch.float64), exact).abs().max())
-    return math.isfinite(ours) and ours <= 2 * theirs
+    # a gradient that is zero but for rounding (a bias before a training BatchNorm: LeViT's, where PyTorch's float32
+    # is 5e-5 from a float64 value of 1e-13) is noise in any summation order; the ratio of two noises spreads wider
+    noise = float(exact.abs().max()) <= theirs
+    return math.isfinite(ours) and ours <= (4 if noise else 2) * theirs
 
 
 def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> tuple[float, float]:

@@ -127,6 +127,15 @@ def test_compare_lets_dcnb_be_as_far_from_float64_as_twice_pytorchs_float32():
     assert not verify.compare(far, want, exact=exact).ok
 
 
+def test_a_gradient_zero_but_for_rounding_may_be_as_far_from_float64_as_four_times_pytorchs_float32():
+    # a bias before a training BatchNorm (LeViT's): zero in float64, rounding noise in any float32 summation order
+    exact = verify.Run({"grad b": torch.tensor([1e-13, -1e-13], dtype=torch.float64)})
+    want = verify.Run({"grad b": torch.tensor([4.6e-5, -2e-5])})
+    near, far = verify.Run({"grad b": torch.tensor([-1.2e-4, 0.0])}), verify.Run({"grad b": torch.tensor([-2e-4, 0.0])})
+    assert not verify.compare(near, want).ok and verify.compare(near, want, exact=exact).ok
+    assert not verify.compare(far, want, exact=exact).ok
+
+
 def test_runs_are_the_same_only_bit_for_bit():
     run = verify.Run({"output": torch.tensor([1.0, 2.0]), "grad x": torch.tensor([3.0])})
     assert run.same_as(verify.Run({k: t.clone() for k, t in run.tensors.items()}))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 
 import dace
+from dace import data as dt
 from dace import subsets
+from dace.sdfg import utils as sdutil
 from dace.sdfg import nodes
 
 
@@ -55,6 +57,10 @@ def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
                 outer = edge.src if edge.dst is node else edge.dst
                 if not isinstance(outer, nodes.AccessNode) or edge.data.is_empty():
                     continue
+                if _view_of_a_part(state, outer):
+                    _copy_instead_of_view(state, outer)
+                    copied += 1
+                    continue
                 desc, subset = g.arrays[edge.data.data], edge.data.subset
                 if subset.covers(subsets.Range.from_array(desc)):
                     continue
@@ -76,3 +82,32 @@ def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
                 state.remove_edge(edge)
                 copied += 1
     return copied
+
+
+def _view_of_a_part(state: dace.SDFGState, node: nodes.AccessNode) -> bool:
+    """Whether ``node`` is a View of part of an array (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``)."""
+    if not isinstance(state.sdfg.arrays[node.data], dt.View):
+        return False
+    edge = sdutil.get_view_edge(state, node)
+    if edge is None:
+        return False
+    viewed = edge.src if edge.dst is node else edge.dst
+    subset = edge.data.get_src_subset(edge, state) if edge.dst is node else edge.data.get_dst_subset(edge, state)
+    whole = subsets.Range.from_array(state.sdfg.arrays[viewed.data])
+    return subset is not None and not subset.covers(whole)
+
+
+def _copy_instead_of_view(state: dace.SDFGState, node: nodes.AccessNode) -> None:
+    """Make the View ``node`` an array of its own, copied from (or into) the part it viewed.
+
+    gap: DaCe's autodiff passes a view an op's backward reads to the backward SDFG without the array it views: an
+    invalid backward SDFG, for views of a part (LeViT's subsampled queries)."""
+    view = state.sdfg.arrays[node.data]
+    edge = sdutil.get_view_edge(state, node)
+    state.sdfg.arrays[node.data] = dt.Array(view.dtype, view.shape, transient=True, storage=view.storage)
+    if edge.dst is node:
+        edge.dst_conn = None
+        node.remove_in_connector("views")
+    else:
+        edge.src_conn = None
+        node.remove_out_connector("views")
