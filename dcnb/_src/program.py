@@ -54,7 +54,8 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
     # gap: DaCe's autodiff fails (KeyError) on an input no output depends on; its gradient is PyTorch's zeros,
     # which the check accepts for a missing one (LeViT's queries of a single query token reach only BatchNorm's
     # running statistics)
-    wrt = [name for name in wrt if name in _feeding(forward, imported.outputs)]
+    feeding = _feeding(forward, imported.outputs)
+    wrt = [name for name in wrt if name in feeding]
     if not wrt:
         raise StepError("no input or parameter requiring a gradient reaches an output: build it with backward=False")
     model = types.SimpleNamespace(sdfg=forward, outputs=imported.outputs)

@@ -7,8 +7,8 @@ import copy
 import dace
 from dace import data as dt
 from dace import subsets
-from dace.sdfg import utils as sdutil
 from dace.sdfg import nodes
+from dace.sdfg import utils as sdutil
 
 
 def split_shared_map_inputs(sdfg: dace.SDFG) -> int:
