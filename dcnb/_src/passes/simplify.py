@@ -3,16 +3,63 @@ a removal of copies that it cannot carry out."""
 
 from __future__ import annotations
 
+import ast
+import re
+
 import dace
+from dace.frontend.python import astutils
+from dace.properties import CodeBlock
 from dace.sdfg import nodes
 from dace.transformation.dataflow import redundant_array
 from dace.transformation.passes import array_elimination
 
 
 def simplify(sdfg: dace.SDFG, validate: bool = True) -> None:
-    """DaCe's simplify pipeline over ``sdfg``, then :func:`keep_write_conflicts`."""
+    """:func:`connectors_apart_from_outer_names`, DaCe's simplify pipeline over ``sdfg``, then
+    :func:`keep_write_conflicts`."""
+    connectors_apart_from_outer_names(sdfg)
     sdfg.simplify(validate=validate)
     keep_write_conflicts(sdfg)
+
+
+def connectors_apart_from_outer_names(sdfg: dace.SDFG) -> int:
+    """Rename each connector of a tasklet in a nested SDFG that is named like an array, symbol or constant of an SDFG
+    around it; returns how many were.
+
+    gap: simplify inlines nested SDFGs, then refuses a tasklet connector named like an array of the SDFG it now sits
+    in ("Connector name 'c' is already used": a forward with an input named ``c`` that a Linear's Gemm reads).
+    """
+    renamed = 0
+    for nested in sdfg.all_sdfgs_recursive():
+        outer, parent = set(), nested.parent_sdfg
+        while parent is not None:
+            outer |= set(parent.arrays) | set(parent.symbols) | set(parent.constants)
+            parent = parent.parent_sdfg
+        for state in nested.states() if outer else ():
+            for tasklet in [n for n in state.nodes() if isinstance(n, nodes.Tasklet)]:
+                for old in sorted((set(tasklet.in_connectors) | set(tasklet.out_connectors)) & outer):
+                    taken = outer | set(nested.arrays) | set(tasklet.in_connectors) | set(tasklet.out_connectors)
+                    _rename_connector(state, tasklet, old, dace.utils.find_new_name(old, taken))
+                    renamed += 1
+    return renamed
+
+
+def _rename_connector(state: dace.SDFGState, tasklet: nodes.Tasklet, old: str, new: str) -> None:
+    if tasklet.code.language == dace.Language.Python:
+        tree = astutils.ASTFindReplace({old: new}).visit(ast.parse(tasklet.code.as_string))
+        code = astutils.unparse(tree)
+    else:
+        code = re.sub(rf"\b{re.escape(old)}\b", new, tasklet.code.as_string)
+    tasklet.code = CodeBlock(code, tasklet.code.language)
+    for connectors, edges, end in (
+        (tasklet.in_connectors, state.in_edges(tasklet), "dst_conn"),
+        (tasklet.out_connectors, state.out_edges(tasklet), "src_conn"),
+    ):
+        if old in connectors:
+            connectors[new] = connectors.pop(old)
+            for edge in edges:
+                if getattr(edge, end) == old:
+                    setattr(edge, end, new)
 
 
 def keep_write_conflicts(sdfg: dace.SDFG) -> int:
