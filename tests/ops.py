@@ -378,6 +378,26 @@ LINEAR = [
     Op("multihead_attention", MultiheadAttention, randn(2, 5, 16)),
 ]
 
+class Recurrent(nn.Module):
+    """An nn.LSTM, nn.GRU or nn.RNN returning its output and final states as a flat tuple."""
+
+    def __init__(self, rnn: nn.RNNBase):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        output, final = self.rnn(x)
+        return (output, *final) if isinstance(final, tuple) else (output, final)
+
+
+RECURRENT = [
+    Op("lstm", lambda: Recurrent(nn.LSTM(6, 5, batch_first=True)), randn(2, 4, 6)),
+    Op("lstm_two_layers_bidirectional", lambda: Recurrent(nn.LSTM(6, 5, num_layers=2, bidirectional=True)), randn(3, 2, 6)),
+    Op("gru_bidirectional", lambda: Recurrent(nn.GRU(6, 5, batch_first=True, bidirectional=True)), randn(2, 4, 6)),
+    Op("rnn_relu_no_bias", lambda: Recurrent(nn.RNN(6, 5, nonlinearity="relu", bias=False)), randn(4, 2, 6)),
+    Op("rnn_tanh", lambda: Recurrent(nn.RNN(6, 5, num_layers=2)), randn(4, 2, 6)),
+]
+
 LOSSES = [
     Op("cross_entropy", lambda: Loss(F.cross_entropy), _classes),
     Op("cross_entropy_smoothing", lambda: Loss(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1)), _classes),
@@ -406,6 +426,7 @@ FAMILIES = {
     "shapes": SHAPES,
     "reductions": REDUCTIONS,
     "linear": LINEAR,
+    "recurrent": RECURRENT,
     "losses": LOSSES,
 }
 OPS = {op.name: op for family in FAMILIES.values() for op in family}

@@ -243,7 +243,9 @@ def _export(
             source=where,
         ) from e
     except Exception as e:  # the exporter raises many types; all mean the same to the user
-        raise DcnbError(f"Exporting {type(module).__name__} to ONNX failed: {first_line(e)}") from e
+        # (a symbolic's refusal ends its line with the whole TorchScript graph around the value it names)
+        reason = first_line(e).split("  [Caused by the value ")[0]
+        raise DcnbError(f"Exporting {type(module).__name__} to ONNX failed: {reason}") from e
     finally:
         module.load_state_dict(state)
     return onnx.load_from_string(buffer.getvalue())

@@ -97,6 +97,21 @@ def test_gathers_from_an_axis_of_length_one():
     _assert_checked(_optimize(_FromAnAxisOfOne(), torch.randn(1, 4, 1)), "output", "grad x")
 
 
+class _Named(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x, c):
+        return self.linear(x) + c
+
+
+def test_an_input_named_like_a_connector_of_an_expansion():
+    # simplify inlined the Linear's Gemm and refused its tasklet's connector c, the name of the input now beside it
+    torch.manual_seed(0)
+    _assert_checked(_optimize(_Named(), torch.randn(2, 4), torch.randn(2, 4)), "output", "grad x", "grad c")
+
+
 class _Bicubic(nn.Module):
     def forward(self, x):
         return F.interpolate(x, size=(7, 3), mode="bicubic", align_corners=False)

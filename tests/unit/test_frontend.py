@@ -98,3 +98,32 @@ def test_the_import_leaves_nothing_in_the_working_directory(tmp_path, monkeypatc
     imported = import_module(SwinModel(config).eval(), (torch.randn(1, 3, 16, 16),), training=False)
     assert "Softmax" in imported.ops
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, rnn: nn.RNNBase):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+@pytest.mark.parametrize(
+    "rnn,steps,reason",
+    [
+        (nn.GRU(3, 2, num_layers=2, dropout=0.5), 4, "dropout between an RNN's layers in training mode"),
+        (nn.LSTM(3, 2, bidirectional=True), 17, r"an RNN of 34 cell steps \(1 layers x 2 directions x 17 time steps\)"),
+    ],
+    ids=["dropout", "too long"],
+)
+def test_an_rnn_that_is_not_unrolled_is_refused_with_its_reason(rnn, steps, reason):
+    with pytest.raises(dcnb.DcnbError, match=reason) as refused:
+        import_module(_Recurrent(rnn), (torch.randn(steps, 2, 3),), training=True)
+    assert "TorchScript" not in str(refused.value) and "Caused by" not in str(refused.value)
+
+
+def test_an_rnn_is_unrolled_into_standard_ops():
+    imported = import_module(_Recurrent(nn.LSTM(3, 2)), (torch.randn(4, 2, 3),), training=False)
+    assert "LSTM" not in imported.ops and imported.ops.count("Sigmoid") == 3 * 4
+
