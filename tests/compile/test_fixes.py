@@ -112,6 +112,24 @@ def test_an_input_named_like_a_connector_of_an_expansion():
     _assert_checked(_optimize(_Named(), torch.randn(2, 4), torch.randn(2, 4)), "output", "grad x", "grad c")
 
 
+class _TransposedPart(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.positions = nn.Parameter(torch.randn(1, 5, 4))
+
+    def forward(self, x):
+        return x * self.positions[:, 1:].transpose(1, 2)
+
+
+def test_auto_optimize_transposes_part_of_an_array():
+    # DaCe's TensorTranspose checked its arrays' whole shapes, and simplify had made the slice its input (YOLOS's
+    # position embeddings but the first)
+    torch.manual_seed(0)
+    session = _optimize(_TransposedPart(), torch.randn(2, 4, 4))
+    step = session.apply("auto_optimize")
+    assert step.ok and step.check.ok, step.error
+
+
 class _Bicubic(nn.Module):
     def forward(self, x):
         return F.interpolate(x, size=(7, 3), mode="bicubic", align_corners=False)

@@ -29,6 +29,7 @@ from dace.transformation.subgraph import CompositeFusion, SubgraphFusion
 from dace.transformation.subgraph import helpers as subgraph_helpers
 
 from .. import dace_internals
+from .before_autodiff import whole_arrays_for_ops
 from .simplify import simplify
 
 Library = Callable[[dace.DeviceType], list[str]]
@@ -197,6 +198,9 @@ def _tile_and_collapse(sdfg: dace.SDFG, device: dace.DeviceType, library: Librar
 
 
 def _libraries(sdfg: dace.SDFG, device: dace.DeviceType, library: Library | None) -> None:
+    # gap: DaCe's TensorTranspose checks its arrays' whole shapes, and simplify had made part of an array (YOLOS's
+    # position embeddings but the first) its input: "The permutation of the input shape does not match"
+    whole_arrays_for_ops(sdfg)
     dace_auto.set_fast_implementations(sdfg, device, find_fast_library_fn=library)
     infer_types.infer_connector_types(sdfg)
     infer_types.set_default_schedule_and_storage_types(sdfg, None)
