@@ -130,6 +130,26 @@ def test_auto_optimize_transposes_part_of_an_array():
     assert step.ok and step.check.ok, step.error
 
 
+class _OneQuery(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query, self.keys = nn.Parameter(torch.randn(1, 2, 1, 4)), nn.Linear(4, 8)
+
+    def forward(self, x):
+        k, v = self.keys(x).view(*x.shape[:2], 2, 4).transpose(1, 2).chunk(2, dim=-1)
+        q = self.query[..., :2].expand(x.shape[0], -1, -1, -1)
+        return (torch.softmax(q @ k.transpose(-1, -2), -1) @ v).flatten(1)
+
+
+def test_auto_optimize_of_batched_products_with_one_column():
+    # attention pooling with one query: DaCe's BatchedMatMul validation squeezed the b x k x 1 operand of a gradient's
+    # product and refused its k-dimension, in every implementation
+    torch.manual_seed(0)
+    session = _optimize(_OneQuery(), torch.randn(2, 8, 4))
+    step = session.apply("auto_optimize")
+    assert step.ok and step.check.ok, step.error
+
+
 class _Bicubic(nn.Module):
     def forward(self, x):
         return F.interpolate(x, size=(7, 3), mode="bicubic", align_corners=False)

@@ -7,7 +7,11 @@ import copy
 import dace
 from dace.autodiff.implementations.onnx_ops import DefaultEinsumBackward
 from dace.frontend.common.einsum import create_einsum_sdfg
-from dace.libraries.blas.nodes.batched_matmul import BatchedMatMul, ExpandBatchedMatMulOpenBLAS
+from dace.libraries.blas.nodes.batched_matmul import (
+    BatchedMatMul,
+    ExpandBatchedMatMulOpenBLAS,
+    ExpandBatchedMatMulPure,
+)
 from dace.libraries.blas.nodes.dot import Dot
 from dace.libraries.blas.nodes.gemm import ExpandGemmOpenBLAS, Gemm
 from dace.libraries.blas.nodes.gemv import Gemv
@@ -141,11 +145,20 @@ def _blas_applies(node, state, sdfg, expansion: type[ExpandTransformation]) -> b
     return True
 
 
-def _choose(cblas_expansion: type[ExpandTransformation]):
+def _choose(cblas_expansion: type[ExpandTransformation], unchecked: str | None = None):
+    """The BLAS where it applies, else DaCe's loops; ``unchecked``, where given, names loops for a node DaCe's own
+    validation refuses wrongly."""
+
     def pick(node, state, sdfg) -> str:
         found = blas.chosen()
-        usable = found is not None and _blas_applies(node, state, sdfg, cblas_expansion)
-        return IMPLEMENTATIONS[found.name] if usable else "pure"
+        if found is not None and _blas_applies(node, state, sdfg, cblas_expansion):
+            return IMPLEMENTATIONS[found.name]
+        if unchecked is not None:
+            try:
+                node.validate(sdfg, state)
+            except ValueError:
+                return unchecked
+        return "pure"
 
     return choice(pick)
 
@@ -159,10 +172,20 @@ class ExpandGemmDcnb(ExpandTransformation):
 
 
 @dace.library.expansion
+class ExpandBatchedMatMulUnchecked(ExpandTransformation):
+    # gap: DaCe's BatchedMatMul validation squeezes an operand's axes of size 1, then finds the k-dimension of a
+    # product with one column (b x k x 1: x @ w, attention pooling with one query) unequal to the batch, and every
+    # implementation validates first: auto_optimize (whose simplify has the node read the b x k x 1 array) raised.
+    # DaCe's loops, which index the unsqueezed operands
+    environments = []
+    expansion = staticmethod(ExpandBatchedMatMulPure.make_sdfg)
+
+
+@dace.library.expansion
 class ExpandBatchedMatMulDcnb(ExpandTransformation):
     # gap: as Gemm's (attention's batched products, forward and backward)
     environments = []
-    expansion = _choose(ExpandBatchedMatMulOpenBLAS)
+    expansion = _choose(ExpandBatchedMatMulOpenBLAS, unchecked="dcnb_unchecked")
 
 
 def _linked(base: type[ExpandTransformation], name: str) -> type[ExpandTransformation]:
@@ -183,6 +206,7 @@ for _node, _choose_cls, _cblas in (
     for _name, _implementation in IMPLEMENTATIONS.items():
         _node.register_implementation(_implementation, _linked(_cblas, _name))
     _node.default_implementation = CHOOSE
+BatchedMatMul.register_implementation("dcnb_unchecked", ExpandBatchedMatMulUnchecked)
 
 
 @dace.library.expansion
