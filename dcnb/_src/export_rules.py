@@ -262,15 +262,16 @@ def _rnn(g, kind: str, input, hidden: list, weights, flags: tuple):
             w_ih, w_hh, *biases = weights[index * per : (index + 1) * per]
             b_ih, b_hh = biases or (None, None)
             state = [g.op("Gather", h, _axes(g, index), axis_i=0) for h in hidden]  # (batch, hidden) each
+            size = w_hh.type().sizes()[1]
             # every step's input product at once: (steps * batch, features) x (features, gates * hidden)
-            features = (sizes[2] if layer == 0 else directions * w_hh.type().sizes()[1])
-            rows = g.op("Reshape", x, _axes(g, [-1, features]))
+            rows = g.op("Reshape", x, _axes(g, [-1, sizes[2] if layer == 0 else directions * size]))
             products = _linear(g, rows, w_ih, b_ih)
-            products = g.op("Reshape", products, _axes(g, [steps, -1, _GATES[kind] * w_hh.type().sizes()[1]]))
+            products = g.op("Reshape", products, _axes(g, [steps, -1, _GATES[kind] * size]))
             order = range(steps) if direction == 0 else reversed(range(steps))
             out = [None] * steps
             for t in order:
-                state = _cell(g, kind, g.op("Gather", products, _axes(g, t), axis_i=0), _linear(g, state[0], w_hh, b_hh), state)
+                step = g.op("Gather", products, _axes(g, t), axis_i=0)
+                state = _cell(g, kind, step, _linear(g, state[0], w_hh, b_hh), state)
                 out[t] = g.op("Unsqueeze", state[0], _axes(g, [0]))
             outputs.append(g.op("Concat", *out, axis_i=0))
             for name, value in zip(("h", "c"), state):
