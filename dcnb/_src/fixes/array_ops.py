@@ -1,5 +1,6 @@
 """Array ops: Expand (broadcasting to a shape), Slice, Split, Gather from an axis of length 1, and the gathers Pad,
-GatherElements, Tile, DepthToSpace and SpaceToDepth (C++ loops, with a backward that adds each output's gradient into the element it read)."""
+GatherElements, Tile, DepthToSpace and SpaceToDepth (C++ loops, with a backward that adds each output's gradient
+into the element it read)."""
 
 from __future__ import annotations
 
@@ -48,21 +49,30 @@ class ExpandExpansion(ONNXForward):
         y = copy.deepcopy(out_desc_with_name(node, state, sdfg, "output"))
         # the target shape is in the output's descriptor: its input and what computes it are not needed
         constant_folding.remove_node_and_computation(sdfg, state, node, "shape")
-        nsdfg = dace.SDFG(f"{node.label}_expansion")
-        for name, desc in (("input", x), ("output", y)):
-            desc.transient = False
-            nsdfg.add_datadesc(name, desc)
-        params = [f"__i{i}" for i in range(len(y.shape))]
-        read = ", ".join(broadcast_index(x, list(y.shape), params)) or "0"
-        nsdfg.add_state().add_mapped_tasklet(
-            f"{node.label}_broadcast",
-            {p: f"0:{s}" for p, s in zip(params, y.shape)},
-            {"__in": dace.Memlet(f"input[{read}]")},
-            "__out = __in",
-            {"__out": dace.Memlet(f"output[{', '.join(params)}]")},
-            external_edges=True,
+        return _copy_sdfg(
+            node, "broadcast", {"input": x, "output": y}, lambda out: broadcast_index(x, list(y.shape), out)
         )
-        return nsdfg
+
+
+def _copy_sdfg(node, what: str, arrays: dict[str, dt.Data], read: Callable[[list[str]], list[str]]) -> dace.SDFG:
+    """``node``'s expansion, with ``arrays`` (the first read, the last written), that copies into each element of the
+    last the element ``read(index)`` of the first (a map named ``what``)."""
+    nsdfg = dace.SDFG(f"{node.label}_expansion")
+    for name, desc in arrays.items():
+        nsdfg.add_datadesc(name, copy.deepcopy(desc))
+        nsdfg.arrays[name].transient = False
+    names = list(arrays)
+    source, target, shape = names[0], names[-1], arrays[names[-1]].shape
+    params = [f"__i{d}" for d in range(len(shape))]
+    nsdfg.add_state().add_mapped_tasklet(
+        f"{node.label}_{what}",
+        {p: f"0:{n}" for p, n in zip(params, shape)},
+        {"__in": dace.Memlet(f"{source}[{', '.join(read(params)) or '0'}]")},
+        "__out = __in",
+        {"__out": dace.Memlet(f"{target}[{', '.join(params)}]")},
+        external_edges=True,
+    )
+    return nsdfg
 
 
 def constant_input(node, state, sdfg: dace.SDFG, connector: str) -> list | None:
@@ -204,22 +214,11 @@ class GatherExpansion(ONNXForward):
         if int(x.shape[axis]) != 1:
             return PureGather.forward(node, state, sdfg)
         # every index in range reads the axis' one element: a copy that repeats it along the indices' axes
-        nsdfg = dace.SDFG(f"{node.label}_expansion")
-        for name, desc in (("data", x), ("indices", in_desc_with_name(node, state, sdfg, "indices")), ("output", y)):
-            nsdfg.add_datadesc(name, copy.deepcopy(desc))
-            nsdfg.arrays[name].transient = False
-        params = [f"__i{d}" for d in range(len(y.shape))]
+        indices = in_desc_with_name(node, state, sdfg, "indices")
         after = len(y.shape) - (len(x.shape) - axis - 1)  # the output's axes after the indices' ones
-        read = [*params[:axis], "0", *params[after:]]
-        nsdfg.add_state().add_mapped_tasklet(
-            f"{node.label}_repeat",
-            {p: f"0:{n}" for p, n in zip(params, y.shape)},
-            {"__in": dace.Memlet(f"data[{', '.join(read)}]")},
-            "__out = __in",
-            {"__out": dace.Memlet(f"output[{', '.join(params)}]")},
-            external_edges=True,
+        return _copy_sdfg(
+            node, "repeat", {"data": x, "indices": indices, "output": y}, lambda out: [*out[:axis], "0", *out[after:]]
         )
-        return nsdfg
 
 
 #: C++ condition under which it reads one, or None for always); its arguments: node, state, sdfg, x, y, index
