@@ -378,6 +378,7 @@ LINEAR = [
     Op("multihead_attention", MultiheadAttention, randn(2, 5, 16)),
 ]
 
+
 class Recurrent(nn.Module):
     """An nn.LSTM, nn.GRU or nn.RNN returning its output and final states as a flat tuple."""
 

@@ -7,6 +7,7 @@ from torch import nn
 
 import dcnb
 from dcnb._src.frontend import _expose_running_statistics, import_module
+from ops import Recurrent
 
 
 def test_keyword_defaults_of_forward_are_not_exported_as_tensors():
@@ -100,15 +101,6 @@ def test_the_import_leaves_nothing_in_the_working_directory(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
-class _Recurrent(nn.Module):
-    def __init__(self, rnn: nn.RNNBase):
-        super().__init__()
-        self.rnn = rnn
-
-    def forward(self, x):
-        return self.rnn(x)[0]
-
-
 @pytest.mark.parametrize(
     "rnn,steps,reason",
     [
@@ -119,11 +111,11 @@ class _Recurrent(nn.Module):
 )
 def test_an_rnn_that_is_not_unrolled_is_refused_with_its_reason(rnn, steps, reason):
     with pytest.raises(dcnb.DcnbError, match=reason) as refused:
-        import_module(_Recurrent(rnn), (torch.randn(steps, 2, 3),), training=True)
+        import_module(Recurrent(rnn), (torch.randn(steps, 2, 3),), training=True)
     assert "TorchScript" not in str(refused.value) and "Caused by" not in str(refused.value)
 
 
 def test_an_rnn_is_unrolled_into_standard_ops():
-    imported = import_module(_Recurrent(nn.LSTM(3, 2)), (torch.randn(4, 2, 3),), training=False)
+    imported = import_module(Recurrent(nn.LSTM(3, 2)), (torch.randn(4, 2, 3),), training=False)
     assert "LSTM" not in imported.ops and imported.ops.count("Sigmoid") == 3 * 4
 

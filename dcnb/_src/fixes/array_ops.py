@@ -202,7 +202,6 @@ class SplitExpansion(ONNXForward):
         return nsdfg
 
 
-#: a gather's source element for output element ``index``: (C++ declaring what it needs, the input's index, the
 @pure_expansion("Gather", name="dcnb")
 class GatherExpansion(ONNXForward):
     # gap: DaCe's Gather reads ``__data[idx]`` through a memlet over the whole axis, which DaCe takes for a single
@@ -221,6 +220,7 @@ class GatherExpansion(ONNXForward):
         )
 
 
+#: a gather's source element for output element ``index``: (C++ declaring what it needs, the input's index, the
 #: C++ condition under which it reads one, or None for always); its arguments: node, state, sdfg, x, y, index
 Source = Callable[..., tuple[str, list[str], str | None]]
 

@@ -57,8 +57,9 @@ def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
                 outer = edge.src if edge.dst is node else edge.dst
                 if not isinstance(outer, nodes.AccessNode) or edge.data.is_empty():
                     continue
-                if _view_of_a_part(state, outer):
-                    _copy_instead_of_view(state, outer)
+                viewed = _part_viewed(state, outer)
+                if viewed is not None:
+                    _copy_instead_of_view(state, outer, viewed)
                     copied += 1
                     continue
                 desc, subset = g.arrays[edge.data.data], edge.data.subset
@@ -84,26 +85,26 @@ def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
     return copied
 
 
-def _view_of_a_part(state: dace.SDFGState, node: nodes.AccessNode) -> bool:
-    """Whether ``node`` is a View of part of an array (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``)."""
+def _part_viewed(state: dace.SDFGState, node: nodes.AccessNode):
+    """The edge to the array ``node`` views, where ``node`` is a View of part of it
+    (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``); None otherwise."""
     if not isinstance(state.sdfg.arrays[node.data], dt.View):
-        return False
+        return None
     edge = sdutil.get_view_edge(state, node)
     if edge is None:
-        return False
+        return None
     viewed = edge.src if edge.dst is node else edge.dst
     subset = edge.data.get_src_subset(edge, state) if edge.dst is node else edge.data.get_dst_subset(edge, state)
     whole = subsets.Range.from_array(state.sdfg.arrays[viewed.data])
-    return subset is not None and not subset.covers(whole)
+    return edge if subset is not None and not subset.covers(whole) else None
 
 
-def _copy_instead_of_view(state: dace.SDFGState, node: nodes.AccessNode) -> None:
-    """Make the View ``node`` an array of its own, copied from (or into) the part it viewed.
+def _copy_instead_of_view(state: dace.SDFGState, node: nodes.AccessNode, edge) -> None:
+    """Make the View ``node`` an array of its own, copied through ``edge`` from (or into) the part it viewed.
 
     gap: DaCe's autodiff passes a view an op's backward reads to the backward SDFG without the array it views: an
     invalid backward SDFG, for views of a part (LeViT's subsampled queries)."""
     view = state.sdfg.arrays[node.data]
-    edge = sdutil.get_view_edge(state, node)
     state.sdfg.arrays[node.data] = dt.Array(view.dtype, view.shape, transient=True, storage=view.storage)
     if edge.dst is node:
         edge.dst_conn = None
