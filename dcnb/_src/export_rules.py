@@ -7,6 +7,8 @@ takes precedence over PyTorch's own.
 
 from __future__ import annotations
 
+import string
+
 import torch
 from onnx import TensorProto
 from torch.onnx import errors, symbolic_helper
@@ -25,6 +27,8 @@ _RULES = (
     ("aten::bilinear", "bilinear"),
     ("aten::diff", "diff"),
     ("aten::cumsum", "cumsum"),
+    ("aten::einsum", "einsum"),
+    ("aten::matmul", "matmul"),
     ("aten::lstm", "lstm"),
     ("aten::gru", "gru"),
     ("aten::rnn_tanh", "rnn_tanh"),
@@ -198,6 +202,102 @@ def cumsum(g, input, dim: int, dtype):
     elif input.type().scalarType() in ("Bool", "Byte", "Char", "Short", "Int"):
         input = g.op("Cast", input, to_i=TensorProto.INT64)
     return g.op("CumSum", input, g.op("Constant", value_t=torch.tensor(dim, dtype=torch.int64)))
+
+
+@symbolic_helper.parse_args("v", "v")
+def matmul(g, a, b):
+    # gap: DaCe's MatMul gives batch axes one letter in its Einsum, so a batch axis of size 1 against more
+    # (``(1, m, k) @ (b, k, n)``) fails to build: such a product is written as the einsum it is
+    shapes = [symbolic_helper._get_tensor_sizes(t) for t in (a, b)]
+    if all(s and None not in s and len(s) > 2 for s in shapes) and any(
+        1 in (x, y) and x != y for x, y in zip(shapes[0][-3::-1], shapes[1][-3::-1])
+    ):
+        return _einsum(g, "...ik,...kj->...ij", [a, b])
+    return g.op("MatMul", a, b)
+
+
+@symbolic_helper.parse_args("s", "v", "is")
+def einsum(g, equation: str, tensor_list, path=None):
+    return _einsum(g, equation, symbolic_helper._unpack_list(tensor_list))
+
+
+def _einsum(g, equation: str, tensors: list):
+    # gap: DaCe imports an Einsum only with its result written out and no ellipsis, and its backward gives garbage
+    # or fails to build where an operand repeats a letter (a diagonal), sums a letter no other term has, or the
+    # result is a scalar: the equation is rewritten so that none of these reach it
+    shapes = [symbolic_helper._get_tensor_sizes(t) for t in tensors]
+    if any(shape is None or None in shape for shape in shapes):
+        raise errors.SymbolicValueError("Unsupported: an einsum over inputs of unknown shape", tensors[0])
+    terms, result = _written_out(equation, shapes)
+    boolean = symbolic_helper._is_bool(tensors[0])
+    dtype = torch.int64 if boolean else tensors[0].type().dtype()
+    if boolean:  # (as PyTorch's own symbolic: ONNX has no Einsum of booleans)
+        tensors = [g.op("Cast", t, to_i=TensorProto.INT64) for t in tensors]
+    spare = [c for c in string.ascii_letters if c not in "".join(terms)]
+    operands = []  # [term, tensor, shape]
+    for term, tensor, shape in zip(terms, tensors, shapes):
+        letters = list(term)
+        for k, letter in enumerate(term):
+            if letter in term[:k]:  # a diagonal: the repeat becomes a letter of its own, equal to it through eye
+                letters[k] = spare.pop(0)
+                eye = g.op("Constant", value_t=torch.eye(shape[k], dtype=dtype))
+                operands.append([letter + letters[k], eye, [shape[k]] * 2])
+        operands.append(["".join(letters), tensor, list(shape)])
+    largest: dict[str, int] = {}
+    for term, _, shape in operands:
+        for letter, size in zip(term, shape):
+            largest[letter] = max(largest.get(letter, 1), size)
+    # an axis broadcast (size 1 against more) adds nothing, and a letter no other term has is summed over first
+    # (a sum, not a squeeze: DaCe's Einsum backward cannot write through a view)
+    broadcast = [{k for k, c in enumerate(term) if shape[k] == 1 < largest[c]} for term, _, shape in operands]
+    left = ["".join(c for k, c in enumerate(o[0]) if k not in b) for o, b in zip(operands, broadcast)]
+    for index, operand in enumerate(operands):
+        term, tensor, _ = operand
+        others = result + "".join(t for k, t in enumerate(left) if k != index)
+        summed = sorted(broadcast[index] | {k for k, c in enumerate(term) if c not in others})
+        if summed:
+            tensor = g.op("ReduceSum", tensor, _axes(g, summed), keepdims_i=0)
+        operand[:] = ["".join(c for k, c in enumerate(term) if k not in summed), tensor, None]
+    scalars = [tensor for term, tensor, _ in operands if not term]
+    operands = [(term, tensor) for term, tensor, _ in operands if term]
+    if len(operands) == 1:  # (every letter left is the result's)
+        term, out = operands[0]
+        if term != result:
+            out = g.op("Transpose", out, perm_i=[term.index(c) for c in result])
+    elif operands:
+        unit = "" if result else spare.pop(0)  # (a scalar result as one of one element: DaCe's backward needs an axis)
+        if unit:
+            operands.append((unit, g.op("Constant", value_t=torch.ones(1, dtype=dtype))))
+        used = dict.fromkeys("".join(t for t, _ in operands))
+        if len(used) > len(string.ascii_lowercase):
+            raise errors.SymbolicValueError(f"Unsupported: an einsum of {len(used)} letters (ONNX's has 26)", tensors[0])
+        lower = dict(zip(used, string.ascii_lowercase))
+        written = ",".join("".join(lower[c] for c in t) for t, _ in operands) + "->" + "".join(
+            lower[c] for c in unit + result
+        )
+        out = g.op("Einsum", *(t for _, t in operands), equation_s=written)
+        if unit:
+            out = g.op("Squeeze", out, _axes(g, [0]))
+    else:
+        out = scalars.pop()
+    for scalar in scalars:
+        out = g.op("Mul", out, scalar)
+    return g.op("Cast", out, to_i=TensorProto.BOOL) if boolean else out
+
+
+def _written_out(equation: str, shapes: list) -> tuple[list[str], str]:
+    """An einsum's equation as torch reads it: each operand's letters, one per axis (an ellipsis as letters of its
+    own, aligned from the right), and the result's (implicit: the ellipsis, then the letters used once, sorted)."""
+    inputs, arrow, result = equation.replace(" ", "").partition("->")
+    terms = inputs.split(",")
+    spare = [c for c in string.ascii_letters if c not in inputs]
+    widths = [len(shape) - len(term) + 3 for term, shape in zip(terms, shapes) if "..." in term]
+    ellipsis = "".join(spare[: max(widths, default=0)])
+    terms = [t.replace("...", ellipsis[len(ellipsis) - (len(s) - len(t) + 3) :]) for t, s in zip(terms, shapes)]
+    if not arrow:
+        named = inputs.replace("...", "").replace(",", "")
+        result = "..." + "".join(sorted(c for c in set(named) if named.count(c) == 1))
+    return terms, result.replace("...", ellipsis)
 
 
 # gap: PyTorch exports nn.LSTM, nn.GRU and nn.RNN as ONNX's LSTM, GRU and RNN, which DaCe has no implementation of

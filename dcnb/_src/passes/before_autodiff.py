@@ -87,7 +87,8 @@ def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
 
 def _part_viewed(state: dace.SDFGState, node: nodes.AccessNode):
     """The edge to the array ``node`` views, where ``node`` is a View of part of it
-    (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``); None otherwise."""
+    (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``) or of an array from outside (``x.unsqueeze(0)`` of an
+    input); None otherwise."""
     if not isinstance(state.sdfg.arrays[node.data], dt.View):
         return None
     edge = sdutil.get_view_edge(state, node)
@@ -95,15 +96,17 @@ def _part_viewed(state: dace.SDFGState, node: nodes.AccessNode):
         return None
     viewed = edge.src if edge.dst is node else edge.dst
     subset = edge.data.get_src_subset(edge, state) if edge.dst is node else edge.data.get_dst_subset(edge, state)
-    whole = subsets.Range.from_array(state.sdfg.arrays[viewed.data])
-    return edge if subset is not None and not subset.covers(whole) else None
+    desc = state.sdfg.arrays[viewed.data]
+    if not desc.transient:
+        return edge
+    return edge if subset is not None and not subset.covers(subsets.Range.from_array(desc)) else None
 
 
 def _copy_instead_of_view(state: dace.SDFGState, node: nodes.AccessNode, edge) -> None:
     """Make the View ``node`` an array of its own, copied through ``edge`` from (or into) the part it viewed.
 
     gap: DaCe's autodiff passes a view an op's backward reads to the backward SDFG without the array it views: an
-    invalid backward SDFG, for views of a part (LeViT's subsampled queries)."""
+    invalid backward SDFG, for views of a part (LeViT's subsampled queries) and of inputs (``x.unsqueeze(0) @ w``)."""
     view = state.sdfg.arrays[node.data]
     state.sdfg.arrays[node.data] = dt.Array(view.dtype, view.shape, transient=True, storage=view.storage)
     if edge.dst is node:
