@@ -87,8 +87,8 @@ def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
 
 def _part_viewed(state: dace.SDFGState, node: nodes.AccessNode):
     """The edge to the array ``node`` views, where ``node`` is a View of part of it
-    (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``) or of an array from outside (``x.unsqueeze(0)`` of an
-    input); None otherwise."""
+    (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``) or an array from outside with axes of size 1 added or
+    dropped (``x.unsqueeze(0)`` of an input); None otherwise."""
     if not isinstance(state.sdfg.arrays[node.data], dt.View):
         return None
     edge = sdutil.get_view_edge(state, node)
@@ -96,22 +96,56 @@ def _part_viewed(state: dace.SDFGState, node: nodes.AccessNode):
         return None
     viewed = edge.src if edge.dst is node else edge.dst
     subset = edge.data.get_src_subset(edge, state) if edge.dst is node else edge.data.get_dst_subset(edge, state)
-    desc = state.sdfg.arrays[viewed.data]
-    if not desc.transient:
+    desc, view = state.sdfg.arrays[viewed.data], state.sdfg.arrays[node.data]
+    if not desc.transient and _unit_axes_apart(view) == _unit_axes_apart(desc):
         return edge
     return edge if subset is not None and not subset.covers(subsets.Range.from_array(desc)) else None
 
 
+def _unit_axes_apart(desc: dt.Data) -> list:
+    """The sizes and strides of ``desc``'s axes but those of size 1: equal for a squeeze, not for a transpose."""
+    return [(size, stride) for size, stride in zip(desc.shape, desc.strides) if size != 1]
+
+
 def _copy_instead_of_view(state: dace.SDFGState, node: nodes.AccessNode, edge) -> None:
-    """Make the View ``node`` an array of its own, copied through ``edge`` from (or into) the part it viewed.
+    """Make the View ``node`` an array of its own, copied from (or into) the part it viewed through ``edge``: by a
+    map, element by element, where the part's axes of more than one element are the view's, else by ``edge``.
 
     gap: DaCe's autodiff passes a view an op's backward reads to the backward SDFG without the array it views: an
-    invalid backward SDFG, for views of a part (LeViT's subsampled queries) and of inputs (``x.unsqueeze(0) @ w``)."""
-    view = state.sdfg.arrays[node.data]
-    state.sdfg.arrays[node.data] = dt.Array(view.dtype, view.shape, transient=True, storage=view.storage)
-    if edge.dst is node:
+    invalid backward SDFG, for views of a part (LeViT's subsampled queries) and of inputs (``x.unsqueeze(0) @ w``).
+    gap: DaCe's simplify makes an array copied into part of a larger one of another rank a View of it with the
+    strides of a whole array (LeViT's ``x.view(b, 2, 2, c)[:, ::2, ::2]``: its gradient went to the wrong rows);
+    a map it leaves as it is."""
+    sdfg = state.sdfg
+    view = sdfg.arrays[node.data]
+    sdfg.arrays[node.data] = dt.Array(view.dtype, view.shape, transient=True, storage=view.storage)
+    reading = edge.dst is node
+    if reading:
         edge.dst_conn = None
         node.remove_in_connector("views")
     else:
         edge.src_conn = None
         node.remove_out_connector("views")
+    viewed = edge.src if reading else edge.dst
+    part = edge.data.get_src_subset(edge, state) if reading else edge.data.get_dst_subset(edge, state)
+    if not view.shape or [n for n in part.size() if n != 1] != [n for n in view.shape if n != 1]:
+        return
+    params = [f"__i{k}" for k in range(len(view.shape))]
+    moving = iter(p for p, n in zip(params, view.shape) if n != 1)
+    index = [
+        str(first) if size == 1 else f"{first} + {step} * {next(moving)}"
+        for (first, _, step), size in zip(part.ranges, part.size())
+    ]
+    whole = dace.Memlet(data=node.data, subset=", ".join(params))
+    piece = dace.Memlet(data=viewed.data, subset=", ".join(index), wcr=None if reading else edge.data.wcr)
+    state.remove_edge(edge)
+    state.add_mapped_tasklet(
+        f"copy_{node.data}",
+        {p: f"0:{n}" for p, n in zip(params, view.shape)},
+        {"__in": piece if reading else whole},
+        "__out = __in",
+        {"__out": whole if reading else piece},
+        input_nodes={viewed.data: viewed} if reading else {node.data: node},
+        output_nodes={node.data: node} if reading else {viewed.data: viewed},
+        external_edges=True,
+    )
