@@ -81,14 +81,35 @@ def own_element_sums(sdfg: dace.SDFG) -> int:
     writers = collections.Counter((id(state), id(outermost), edge.data.data) for state, outermost, _, edge in sums)
     for state, outermost, steps, edge in sums:
         memlet = edge.data
-        if writers[id(state), id(outermost), memlet.data] > 1:
+        if memlet.wcr_nonatomic:
             continue
-        if not steps or memlet.wcr_nonatomic or not _own_elements(memlet.subset, steps):
-            continue
+        if not _of_the_iteration(state, edge):
+            if writers[id(state), id(outermost), memlet.data] > 1:
+                continue
+            if not steps or not _own_elements(memlet.subset, steps):
+                continue
         for e in state.memlet_path(edge):
             e.data.wcr_nonatomic = True
         changed += 1
     return changed
+
+
+def _of_the_iteration(state: dace.SDFGState, edge) -> bool:
+    """Whether ``edge`` adds into a transient every access of which sits in the one map scope the edge is in: DaCe
+    allocates it there, one per iteration (auto_optimize's subgraph fusion leaves a BatchNorm's gradient so, summed
+    from its parts in each iteration of the fused map: EfficientNet's backward spent 3 ms of 5.7 in five of them)."""
+    target = edge.dst
+    if not isinstance(target, nodes.AccessNode):
+        return False
+    entry, desc = state.entry_node(target), state.sdfg.arrays[target.data]
+    if entry is None or not desc.transient or desc.lifetime != dace.AllocationLifetime.Scope:
+        return False
+    return all(
+        s is state and state.entry_node(n) is entry
+        for s in state.sdfg.states()
+        for n in s.data_nodes()
+        if n.data == target.data
+    )
 
 
 def _own_elements(subset, steps: dict[str, object]) -> bool:
