@@ -662,9 +662,13 @@ def test_reductions_take_no_atomics_on_the_cpu():
     _assert_checked(session, "grad input")
     runner = session._states[-1].runner
     for binary in (runner.forward_binary, runner.backward_binary):
-        library = pathlib.Path(binary._lib._library_filename)
-        code = next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
-        assert "reduce_atomic" not in code
+        assert "reduce_atomic" not in _source(binary)
+
+
+def _source(binary) -> str:
+    """The C++ a binary was compiled from."""
+    library = pathlib.Path(binary._lib._library_filename)
+    return next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
 
 
 class _Transposed(nn.Module):
@@ -687,8 +691,27 @@ def test_auto_optimize_keeps_dcnb_s_blas_and_reductions():
     # with DaCe's choice), its products through dcnb's BLAS
     found = [n for n, _ in session.forward_sdfg.all_nodes_recursive()]
     assert any(isinstance(n, nodes.Tasklet) and n.label == reductions.ROW_TASKLET for n in found)
-    library = pathlib.Path(session._states[-1].runner.forward_binary._lib._library_filename)
-    assert "cblas_sgemm" in next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
+    assert "cblas_sgemm" in _source(session._states[-1].runner.forward_binary)
+
+
+class _FusedChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(4, 32)
+
+    def forward(self, ids, x):
+        y = torch.tanh(x)
+        return torch.sigmoid(y) * y + self.embedding(ids)
+
+
+def test_auto_optimize_keeps_the_fused_maps_one_element_transients_on_the_stack():
+    # DaCe's pipeline sets the heap as their storage before it moves small arrays (of default storage) to the
+    # stack: every iteration of the fused backward map allocated and freed four one-element arrays
+    torch.manual_seed(0)
+    session = _optimize(_FusedChain(), torch.randint(0, 4, (8, 16)), torch.randn(8, 16, 32))
+    step = session.apply("auto_optimize")
+    assert step.ok and step.check.ok, step.error
+    assert "aligned_new_array" not in _source(session._states[-1].runner.backward_binary)
 
 
 def test_a_linear_layers_weight_is_read_in_place_not_transposed():
