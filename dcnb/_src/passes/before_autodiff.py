@@ -128,7 +128,10 @@ def _copy_instead_of_view(state: dace.SDFGState, node: nodes.AccessNode, edge) -
         node.remove_out_connector("views")
     viewed = edge.src if reading else edge.dst
     part = edge.data.get_src_subset(edge, state) if reading else edge.data.get_dst_subset(edge, state)
-    if not view.shape or [n for n in part.size() if n != 1] != [n for n in view.shape if n != 1]:
+    # the part's axes of more than one element, in order, as the view's: their sizes, and their strides in the view
+    strides = sdfg.arrays[viewed.data].strides
+    moved = [(n, step * stride) for (_, _, step), n, stride in zip(part.ranges, part.size(), strides) if n != 1]
+    if not view.shape or moved != [(n, stride) for n, stride in zip(view.shape, view.strides) if n != 1]:
         return
     params = [f"__i{k}" for k in range(len(view.shape))]
     moving = iter(p for p, n in zip(params, view.shape) if n != 1)
