@@ -70,23 +70,23 @@ def own_element_sums(sdfg: dace.SDFG) -> int:
     for node, state in sdfg.all_nodes_recursive():
         if not isinstance(node, nodes.Tasklet) or state.sdfg.openmp_sections or _inside_map(state.sdfg):
             continue
-        steps, outermost = {}, None
+        ranges, outermost = {}, None
         entry = state.entry_node(node)
         while entry is not None:
-            steps.update({p: r[2] for p, r in zip(entry.map.params, entry.map.range)})
+            ranges.update(zip(entry.map.params, entry.map.range))
             outermost, entry = entry, state.entry_node(entry)
-        sums += [(state, outermost, steps, e) for e in state.out_edges(node) if e.data.wcr is not None]
+        sums += [(state, outermost, ranges, e) for e in state.out_edges(node) if e.data.wcr is not None]
     # an array that a map's iterations add into through two edges (x[i] and x[i + 1], the gradient of x[1:] - x[:-1])
     # is shared between iterations even where each edge alone is not
     writers = collections.Counter((id(state), id(outermost), edge.data.data) for state, outermost, _, edge in sums)
-    for state, outermost, steps, edge in sums:
+    for state, outermost, ranges, edge in sums:
         memlet = edge.data
         if memlet.wcr_nonatomic:
             continue
         if not _of_the_iteration(state, edge):
             if writers[id(state), id(outermost), memlet.data] > 1:
                 continue
-            if not steps or not _own_elements(memlet.subset, steps):
+            if not ranges or not _own_elements(memlet.subset, ranges):
                 continue
         for e in state.memlet_path(edge):
             e.data.wcr_nonatomic = True
@@ -112,25 +112,36 @@ def _of_the_iteration(state: dace.SDFGState, edge) -> bool:
     )
 
 
-def _own_elements(subset, steps: dict[str, object]) -> bool:
-    """Whether the box ``subset`` of each iteration of maps with parameters ``steps`` (parameter -> the map's step)
+def _own_elements(subset, ranges: dict[str, tuple]) -> bool:
+    """Whether the box ``subset`` of each iteration of maps with parameters ``ranges`` (parameter -> its range)
     meets no other iteration's: each parameter in a dimension of its own, as ``begin + k * param`` with a constant
-    ``k``, and ``k`` times the map's step at least the box's extent there."""
+    ``k``, and ``k`` times the map's step at least the box's extent there; a parameter the box does not name is that
+    of a map of tiles, each of whose iterations an inner parameter's range moves past (fuse_rows' chunks of rows)."""
     if subset is None:
         return False
     seen = set()
     for begin, end, _ in subset.ndrange():
         begin = dace.symbolic.pystr_to_symbolic(begin)
         extent = dace.symbolic.pystr_to_symbolic(end) - begin + 1
-        used = [s for s in begin.free_symbols if str(s) in steps]
+        used = [s for s in begin.free_symbols if str(s) in ranges]
         if len(used) > 1 or not extent.is_number:
             return False
         if used:
-            k = begin.diff(used[0]) * dace.symbolic.pystr_to_symbolic(steps[str(used[0])])
+            k = begin.diff(used[0]) * dace.symbolic.pystr_to_symbolic(ranges[str(used[0])][2])
             if not k.is_number or abs(k) < extent:
                 return False
             seen.add(str(used[0]))
-    return seen == set(steps)
+    return all(any(_tiled(ranges[inner], outer, ranges[outer][2]) for inner in seen) for outer in set(ranges) - seen)
+
+
+def _tiled(inner: tuple, outer: str, step) -> bool:
+    """Whether the range ``inner`` moves past all it covers each time parameter ``outer`` moves by ``step``."""
+    begin, end = (dace.symbolic.pystr_to_symbolic(v) for v in inner[:2])
+    symbol = next((s for s in begin.free_symbols if str(s) == outer), None)
+    if symbol is None or (end - begin).free_symbols:
+        return False
+    moved = begin.diff(symbol) * dace.symbolic.pystr_to_symbolic(step)
+    return moved.is_number and moved >= end - begin + 1
 
 
 def _has_inner_work(state: dace.SDFGState, entry: nodes.MapEntry) -> bool:
