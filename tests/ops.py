@@ -377,6 +377,8 @@ LINEAR = [
     Op("einsum_diagonal", lambda: Fn(lambda x, y: torch.einsum("bii,bj->bij", x, y)), lambda gen: (torch.randn(2, 3, 3, generator=gen), torch.randn(2, 4, generator=gen))),
     Op("einsum_to_scalar", lambda: Fn(lambda x, y: torch.einsum("ij,kj->", x, y)), lambda gen: (torch.randn(3, 4, generator=gen), torch.randn(2, 4, generator=gen))),
     Op("einsum_sum_and_transpose", lambda: Fn(lambda x: torch.einsum("ijk->kj", x)), randn(3, 4, 5)),
+    Op("dot", lambda: Fn(torch.dot), lambda gen: (torch.randn(6, generator=gen), torch.randn(6, generator=gen))),
+    Op("matmul_vectors", lambda: Fn(torch.matmul), lambda gen: (torch.randn(6, generator=gen), torch.randn(6, generator=gen))),
     Op("matmul_broadcast_batch_of_one", lambda: Fn(torch.matmul), lambda gen: (torch.randn(1, 3, 4, generator=gen), torch.randn(2, 4, 5, generator=gen))),
     Op("embedding", lambda: nn.Embedding(10, 6), _embedding_ids),
     Op("sdpa_causal", lambda: Attention(causal=True), _qkv),

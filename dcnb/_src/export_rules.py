@@ -29,6 +29,7 @@ _RULES = (
     ("aten::cumsum", "cumsum"),
     ("aten::einsum", "einsum"),
     ("aten::matmul", "matmul"),
+    ("aten::dot", "dot"),
     ("aten::lstm", "lstm"),
     ("aten::gru", "gru"),
     ("aten::rnn_tanh", "rnn_tanh"),
@@ -207,13 +208,22 @@ def cumsum(g, input, dim: int, dtype):
 @symbolic_helper.parse_args("v", "v")
 def matmul(g, a, b):
     # gap: DaCe's MatMul gives batch axes one letter in its Einsum, so a batch axis of size 1 against more
-    # (``(1, m, k) @ (b, k, n)``) fails to build: such a product is written as the einsum it is
+    # (``(1, m, k) @ (b, k, n)``) fails to build, and it has no product of two vectors: such products are written
+    # as the einsums they are
     shapes = [symbolic_helper._get_tensor_sizes(t) for t in (a, b)]
-    if all(s and None not in s and len(s) > 2 for s in shapes) and any(
-        1 in (x, y) and x != y for x, y in zip(shapes[0][-3::-1], shapes[1][-3::-1])
-    ):
+    if any(not s or None in s for s in shapes):
+        return g.op("MatMul", a, b)
+    if len(shapes[0]) == len(shapes[1]) == 1:
+        return dot(g, a, b)
+    if min(map(len, shapes)) > 2 and any(1 in (x, y) and x != y for x, y in zip(shapes[0][-3::-1], shapes[1][-3::-1])):
         return _einsum(g, "...ik,...kj->...ij", [a, b])
     return g.op("MatMul", a, b)
+
+
+@symbolic_helper.parse_args("v", "v")
+def dot(g, a, b):
+    # gap: PyTorch exports torch.dot as a MatMul of two vectors, which DaCe's MatMul refuses
+    return _einsum(g, "i,i->", [a, b])
 
 
 @symbolic_helper.parse_args("s", "v", "is")
@@ -270,7 +280,9 @@ def _einsum(g, equation: str, tensors: list):
             operands.append((unit, g.op("Constant", value_t=torch.ones(1, dtype=dtype))))
         used = dict.fromkeys("".join(t for t, _ in operands))
         if len(used) > len(string.ascii_lowercase):
-            raise errors.SymbolicValueError(f"Unsupported: an einsum of {len(used)} letters (ONNX's has 26)", tensors[0])
+            raise errors.SymbolicValueError(
+                f"Unsupported: an einsum of {len(used)} letters (ONNX's has 26)", tensors[0]
+            )
         lower = dict(zip(used, string.ascii_lowercase))
         written = ",".join("".join(lower[c] for c in t) for t, _ in operands) + "->" + "".join(
             lower[c] for c in unit + result
