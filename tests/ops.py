@@ -175,6 +175,8 @@ ACTIVATIONS = [
     Op("hardswish", lambda: nn.Hardswish(), away_from_zero(4, 8)),
     Op("softmin", lambda: nn.Softmin(dim=-1), randn(4, 8)),
     Op("log_softmax", lambda: nn.LogSoftmax(dim=1), randn(4, 8)),
+    Op("softmax_channels", lambda: nn.Softmax2d(), randn(2, 3, 4, 4)),
+    Op("log_softmax_first_axis", lambda: nn.LogSoftmax(dim=0), randn(3, 2, 4)),
     Op("threshold", lambda: nn.Threshold(0.1, -1.0), away_from_zero(4, 8)),
     Op("tanhshrink", lambda: nn.Tanhshrink(), randn(4, 8)),
 ]

@@ -1,5 +1,5 @@
-"""Normalization ops: BatchNormalization over any rank, in training and eval mode, and InstanceNormalization
-(nn.InstanceNorm, GroupNorm's export)."""
+"""Normalization ops: BatchNormalization over any rank, in training and eval mode, InstanceNormalization
+(nn.InstanceNorm, GroupNorm's export), and Softmax and LogSoftmax over any one axis."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import dace
 import numpy as np
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
+from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node
 from dace.sdfg.utils import in_desc_with_name
 
 from .programs import parsed
@@ -107,3 +108,41 @@ class InstanceNormalizationExpansion(ONNXForward):
             output[:] = centered * inv_std * np.reshape(scale, per_channel) + np.reshape(B, per_channel)
 
         return parsed(prog, sdfg, state, node)
+
+
+def _softmax_axis(node, state, sdfg) -> int:
+    return node.axis % len(in_desc_with_name(node, state, sdfg, "input").shape)
+
+
+def _register_softmax(op: str, log: bool) -> None:
+    """``op`` over any one axis: DaCe's own expansion where that is the last (what fuse_rows takes apart), else the
+    same program over the one axis."""
+    dace_own = get_onnx_node(op).implementations["pure"].forward_impl
+
+    class Expansion(ONNXForward):
+        @staticmethod
+        def forward(node, state, sdfg):
+            axis = _softmax_axis(node, state, sdfg)
+            if axis == len(in_desc_with_name(node, state, sdfg, "input").shape) - 1:
+                return dace_own.forward(node, state, sdfg)
+            axes = (axis,)
+
+            def softmax(input, output):
+                shifted = input - np.maximum.reduce(input, axis=axes, keepdims=True)
+                exponent = np.exp(shifted)
+                output[:] = exponent / np.add.reduce(exponent, axis=axes, keepdims=True)
+
+            def log_softmax(input, output):
+                shifted = input - np.maximum.reduce(input, axis=axes, keepdims=True)
+                output[:] = shifted - np.log(np.add.reduce(np.exp(shifted), axis=axes, keepdims=True))
+
+            return parsed(log_softmax if log else softmax, sdfg, state, node)
+
+    Expansion.__name__ = f"{op}Expansion"
+    pure_expansion(op, name="dcnb")(Expansion)
+
+
+# gap: DaCe's Softmax and LogSoftmax reduce over every axis from ``axis`` on, as ONNX's did before opset 13; since,
+# over that axis alone: a softmax over channels (nn.Softmax2d, torch.softmax(x, 1)) was wrong
+_register_softmax("Softmax", log=False)
+_register_softmax("LogSoftmax", log=True)
