@@ -2,11 +2,13 @@
 written as standard ONNX ops that DaCe (with dcnb's fixes) imports and differentiates.
 
 They are registered with ``torch.onnx.register_custom_op_symbolic`` at the export's opset, where a custom symbolic
-takes precedence over PyTorch's own.
+takes precedence over PyTorch's own. One more, ``detach``'s, marks where gradients stop with an op of dcnb's own
+domain, and holds only during dcnb's exports (``stopping_gradients``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import string
 
 import torch
@@ -43,6 +45,30 @@ def register(opset: int) -> None:
     it refused the op with its reason before; the user's own exports of these ops now succeed too."""
     for name, function in _RULES:
         torch.onnx.register_custom_op_symbolic(name, globals()[function], opset)
+
+
+#: the op ``detach`` exports to, in dcnb's own domain
+DOMAIN, STOP_GRADIENT_OP = "dcnb", "StopGradient"
+#: the backward rule of the Identity the import makes of it
+STOP_GRADIENT = "dcnb_stop_gradient"
+
+
+@contextlib.contextmanager
+def stopping_gradients(opset: int):
+    """``x.detach()`` exported as dcnb's StopGradient for the duration: PyTorch's own symbolic returns ``x`` itself, so
+    autodiff differentiated through it (``y - y.detach().mean()``, a straight-through estimator). Afterwards the
+    user's own exports get PyTorch's symbolic again."""
+    torch.onnx.register_custom_op_symbolic("aten::detach", _stop_gradient, opset)
+    try:
+        yield
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::detach", opset)
+
+
+def _stop_gradient(g, input):
+    output = g.op(f"{DOMAIN}::{STOP_GRADIENT_OP}", input)
+    output.setType(input.type())
+    return output
 
 
 def _dtype(value) -> torch.dtype:

@@ -83,11 +83,15 @@ def import_module(
         model_proto = infer_shapes_onnx_model(model_proto)
         _indices_from_the_start(model_proto)
         model_proto = simplify_onnx_model(model_proto, auto_merge=False)
+        stops = _identities_for_stop_gradients(model_proto)
         _check_supported(model_proto, module, inputs, call, input_names, training)
         try:
             model = ONNXModel(name, model_proto, onnx_simplify=False)
         except Exception as e:
             raise DcnbError(f"DaCe could not import the graph {type(module).__name__} exports: {describe(e)}") from e
+        for node, _ in model.sdfg.all_nodes_recursive():
+            if isinstance(node, ONNXOp) and node.label in stops:
+                node.backward_implementation = export_rules.STOP_GRADIENT
         _check_covered(model.sdfg, model_proto, module, inputs, call, input_names, training)
     graph_inputs = set(model.inputs)
     padding = {
@@ -147,6 +151,17 @@ def _expose_running_statistics(model: onnx.ModelProto, module: nn.Module) -> dic
                 model.graph.output.append(onnx.helper.make_tensor_value_info(output, elem, list(tensor.shape)))
                 updates[output] = buffer
     return updates
+
+
+def _identities_for_stop_gradients(model: onnx.ModelProto) -> set[str]:
+    """Make each of dcnb's StopGradient nodes (``x.detach()``) an Identity, which DaCe imports; returns their labels
+    in the SDFG. (After simplification, which would remove an Identity and join the names before and after it.)"""
+    labels = set()
+    for node in model.graph.node:
+        if node.domain == export_rules.DOMAIN and node.op_type == export_rules.STOP_GRADIENT_OP:
+            node.op_type, node.domain = "Identity", ""
+            labels.add(clean_onnx_name(node.name))
+    return labels
 
 
 def _indices_from_the_start(model: onnx.ModelProto) -> None:
@@ -216,7 +231,7 @@ def _export(
     # export() runs forward once; in training mode that would move BatchNorm's running statistics
     state = {k: v.clone() for k, v in module.state_dict().items()}
     try:
-        with warnings.catch_warnings(), _onnx_log(verbose):
+        with warnings.catch_warnings(), _onnx_log(verbose), export_rules.stopping_gradients(OPSET):
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 _flat(module, call),
@@ -228,6 +243,7 @@ def _export(
                 export_params=False,
                 keep_initializers_as_inputs=True,
                 do_constant_folding=False,
+                custom_opsets={export_rules.DOMAIN: 1},
                 dynamo=False,
                 verbose=verbose,
             )

@@ -362,6 +362,30 @@ def test_where_backward_broadcasts():
     _assert_checked(session, "output", "grad x")
 
 
+class _StraightThrough(nn.Module):
+    """A quantizer trained through its rounding (VQ-VAE's estimator), less a detached mean."""
+
+    def __init__(self):
+        super().__init__()
+        self.project = nn.Linear(6, 6)
+
+    def forward(self, x):
+        z = self.project(x)
+        quantized = z + (torch.round(z * 2) / 2 - z).detach()
+        return quantized - quantized.detach().mean()
+
+
+@pytest.mark.parametrize("step", [None, "auto_optimize"])
+def test_detach_stops_gradients(step):
+    # PyTorch exports x.detach() as x: autodiff differentiated through it and the naive step was refused (grad
+    # project.bias off by 1.0)
+    torch.manual_seed(0)
+    session = _optimize(_StraightThrough(), torch.randn(4, 6))
+    if step:
+        session.apply(step)
+    _assert_checked(session, "output", "grad x", "grad project.weight", "grad project.bias")
+
+
 class _CrossEntropy(nn.Module):
     def __init__(self, classes: int, **options):
         super().__init__()

@@ -119,3 +119,17 @@ def test_an_rnn_is_unrolled_into_standard_ops():
     imported = import_module(Recurrent(nn.LSTM(3, 2)), (torch.randn(4, 2, 3),), training=False)
     assert "LSTM" not in imported.ops and imported.ops.count("Sigmoid") == 3 * 4
 
+
+
+class _Detached(nn.Module):
+    def forward(self, x):
+        return x - x.detach().mean()
+
+
+def test_detach_is_imported_as_a_marked_identity_and_the_users_exports_stay_pytorchs(tmp_path):
+    imported = import_module(_Detached(), (torch.randn(3, 4),), training=False)
+    marked = [n for n, _ in imported.sdfg.all_nodes_recursive() if getattr(n, "backward_implementation", None)]
+    assert [n.schema.name for n in marked] == ["Identity"] and "Identity" in imported.ops
+    # dcnb's symbolic for detach holds during its own exports only
+    torch.onnx.export(_Detached(), (torch.randn(3, 4),), tmp_path / "user.onnx", dynamo=False)
+    assert [n.op_type for n in onnx.load(tmp_path / "user.onnx").graph.node] == ["ReduceMean", "Sub"]

@@ -16,6 +16,7 @@ from dace.transformation.onnx import constant_folding
 from dace.transformation.onnx.replacement import onnx_constant_or_none
 
 from ..errors import UnsupportedOpError
+from ..export_rules import STOP_GRADIENT
 from .array_ops import broadcast_index
 from .cpp import at, cpp_backward, forward_in, forward_out, loops, zero
 from .registry import default_backward, pure_expansion
@@ -184,6 +185,15 @@ class NoGradientBackward(ZeroBackward):
     def backward_can_be_applied(node, state, sdfg) -> bool:
         outputs = [sdfg.arrays[e.data.data].dtype for e in state.out_edges(node)]
         return bool(outputs) and all(dtype not in FLOATS for dtype in outputs)
+
+
+@autoregister_params(op="Identity", name=STOP_GRADIENT)
+class StopGradientBackward(ZeroBackward):
+    # gap: ONNX has no op that stops gradients, so PyTorch exports ``x.detach()`` as x itself and autodiff
+    # differentiated through it; the import marks the Identity that stands for it (``frontend``)
+    @staticmethod
+    def backward_can_be_applied(node, state, sdfg) -> bool:
+        return node.backward_implementation == STOP_GRADIENT
 
 
 def _passed_through(forward_node, context, x_name: str, y_name: str):
