@@ -84,6 +84,7 @@ def import_module(
         _indices_from_the_start(model_proto)
         model_proto = simplify_onnx_model(model_proto, auto_merge=False)
         stops = _identities_for_stop_gradients(model_proto)
+        _each_output_once(model_proto)
         _check_supported(model_proto, module, inputs, call, input_names, training)
         try:
             model = ONNXModel(name, model_proto, onnx_simplify=False)
@@ -99,23 +100,36 @@ def import_module(
         for path, sub in module.named_modules()
         if isinstance(sub, nn.Embedding) and sub.padding_idx is not None
     }
-    # the importer renames the graph's outputs to __return or __return_<i>, in order
-    renamed = dict(zip((o.name for o in model_proto.graph.output), model.outputs))
+    # the importer renames the graph's outputs to __return or __return_<i>, in order; the latter become __output_<i>
+    outputs = _outputs_apart_from_returns(model.sdfg, [clean_onnx_name(n) for n in model.outputs])
+    renamed = dict(zip((o.name for o in model_proto.graph.output), outputs))
     return Imported(
         name=name,
         sdfg=model.sdfg,
         all_inputs=[clean_onnx_name(n) for n in input_names],
         inputs=[clean_onnx_name(n) for n in input_names if n in graph_inputs],
         param_paths={clean_onnx_name(n): n for n in named if n in graph_inputs},
-        outputs=[clean_onnx_name(renamed[n]) for n in renamed if n not in updates],
+        outputs=[renamed[n] for n in renamed if n not in updates],
         constants=model.clean_weights,
         ops=[node.op_type for node in model_proto.graph.node],
-        buffer_updates={clean_onnx_name(renamed[n]): path for n, path in updates.items()},
+        buffer_updates={renamed[n]: path for n, path in updates.items()},
         counters=sorted(
             {_member(path.rpartition(".")[0], "num_batches_tracked") for path in updates.values()} & set(named)
         ),
         padding_rows={clean_onnx_name(n): padding[n] for n in named if n in graph_inputs and n in padding},
     )
+
+
+def _outputs_apart_from_returns(sdfg: dace.SDFG, outputs: list[str]) -> list[str]:
+    """Rename the tuple outputs ``__return_<i>`` of ``sdfg`` to ``__output_<i>``; returns the outputs' names.
+
+    gap: DaCe's validation takes arrays named ``__return_<i>`` for an SDFG's results and wants them numbered from 0
+    without gaps; the backward holds the outputs its rules read, not the others (``x.argmax(-1), x.softmax(-1)``:
+    softmax's alone), and autodiff refused it as invalid.
+    """
+    apart = {name: "__output_" + name.removeprefix("__return_") for name in outputs if name.startswith("__return_")}
+    sdfg.replace_dict(apart)
+    return [apart.get(name, name) for name in outputs]
 
 
 def _member(path: str, name: str) -> str:
@@ -162,6 +176,21 @@ def _identities_for_stop_gradients(model: onnx.ModelProto) -> set[str]:
             node.op_type, node.domain = "Identity", ""
             labels.add(clean_onnx_name(node.name))
     return labels
+
+
+def _each_output_once(model: onnx.ModelProto) -> None:
+    """Make a value the graph returns more than once (``return y, y``) a copy of it each time after the first.
+
+    gap: DaCe's importer adds an array for each output and failed on the second ("Data descriptor already exists").
+    """
+    seen = set()
+    for k, output in enumerate(model.graph.output):
+        if output.name in seen:
+            again = f"{output.name}/again_{k}"
+            model.graph.node.append(onnx.helper.make_node("Identity", [output.name], [again], name=again))
+            model.graph.value_info.append(onnx.helper.make_value_info(output.name, output.type))
+            output.name = again
+        seen.add(output.name)
 
 
 def _indices_from_the_start(model: onnx.ModelProto) -> None:

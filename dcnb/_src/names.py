@@ -121,7 +121,7 @@ def _parts(name: str) -> list[_Part]:
         return _suffixed(match[1], match[2], onnx=True)
     if match := re.fullmatch(r"ONNX_(\d+)(.*)", name):  # a value PyTorch numbered (%19 in its graphs)
         return _suffixed(f"%{match[1]}", match[2], onnx=True)
-    if match := re.fullmatch(r"__return(?:_(\d+))?", name):  # the importer's outputs
+    if match := re.fullmatch(r"__return|__output_(\d+)", name):  # the importer's outputs (frontend)
         return [_Part("output" + (f" {match[1]}" if match[1] else ""))]
     if match := re.fullmatch(r"_([A-Za-z][A-Za-z0-9_]*?)_", name):  # the Python frontend's ops: _Add_, _Mult_
         return [_Part(match[1])]

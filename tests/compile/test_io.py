@@ -135,6 +135,28 @@ def test_nested_results_come_back_in_their_structure():
     assert got["result"].note == "kept" and got["result"].missing is None and got["count"] == 3
 
 
+class _Predicted(nn.Module):
+    def forward(self, x):
+        p = torch.softmax(x, -1)
+        return x.argmax(-1), p, p
+
+
+def test_results_the_backward_reads_in_part_and_a_result_returned_twice():
+    # the backward read the softmax (output 1) and not the argmax before it, which DaCe's validation refused as
+    # results not numbered from 0; the same value returned twice failed to import
+    x = torch.randn(4, 6)
+    session = _optimize(_Predicted(), x)
+    assert session.current.ok and {"output 1", "output 2", "grad x"} <= set(session.current.check.errors)
+    leaf = x.clone().requires_grad_()
+    indices, p, again = session.module(leaf)
+    assert torch.equal(indices, x.argmax(-1)) and torch.allclose(p, again)
+    (p[:, 0] + 2 * again[:, 1]).sum().backward()
+    expected = x.clone().requires_grad_()
+    _, q, q_again = _Predicted()(expected)
+    (q[:, 0] + 2 * q_again[:, 1]).sum().backward()
+    assert torch.allclose(leaf.grad, expected.grad, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_is_refused_in_one_sentence(dtype):
     with pytest.raises(InputError, match=r"example input 0 of Linear is (float16|bfloat16): dcnb builds float32"):
