@@ -125,6 +125,11 @@ def _embedding_ids(gen):
     return (torch.randint(0, 10, (3, 5), generator=gen),)
 
 
+def _addmm(*bias: int) -> Callable[[torch.Generator], tuple[torch.Tensor, ...]]:
+    """A bias of shape ``bias`` and the two factors of a 3 x 5 product."""
+    return lambda gen: (torch.randn(*bias, generator=gen), torch.randn(3, 4, generator=gen), torch.randn(4, 5, generator=gen))
+
+
 def double(*shape: int) -> Callable[[torch.Generator], tuple[torch.Tensor, ...]]:
     return lambda gen: (torch.randn(*shape, generator=gen, dtype=torch.float64),)
 
@@ -382,6 +387,8 @@ LINEAR = [
     Op("dot", lambda: Fn(torch.dot), lambda gen: (torch.randn(6, generator=gen), torch.randn(6, generator=gen))),
     Op("matmul_vectors", lambda: Fn(torch.matmul), lambda gen: (torch.randn(6, generator=gen), torch.randn(6, generator=gen))),
     Op("matmul_broadcast_batch_of_one", lambda: Fn(torch.matmul), lambda gen: (torch.randn(1, 3, 4, generator=gen), torch.randn(2, 4, 5, generator=gen))),
+    Op("addmm_scaled_row_bias", lambda: Fn(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0)), _addmm(3, 1)),
+    Op("addmm_beta_zero", lambda: Fn(lambda c, a, b: torch.addmm(c, a, b, beta=0.0)), _addmm(3, 5)),
     Op("embedding", lambda: nn.Embedding(10, 6), _embedding_ids),
     Op("sdpa_causal", lambda: Attention(causal=True), _qkv),
     Op("sdpa_mask", lambda: Attention(causal=False), _qkv),

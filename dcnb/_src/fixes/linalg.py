@@ -18,12 +18,13 @@ from dace.libraries.blas.nodes.gemv import Gemv
 from dace.libraries.linalg.nodes.transpose import Transpose
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op_registry import ONNXEinsum
-from dace.libraries.onnx.op_implementations.linalg_ops import PureEinsum, PureMatMul
+from dace.libraries.onnx.op_implementations.linalg_ops import PureEinsum, PureGemm, PureMatMul
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.transformation import ExpandTransformation
 
 from .. import blas
+from .array_ops import broadcast_index
 from .registry import CHOOSE, choice, default_backward, on_cpu, pure_expansion
 
 
@@ -75,6 +76,47 @@ class MatMulOfVectors(ONNXForward):
             einsum.add_in_connector(f"Inputs__{k}")
             nstate.add_edge(nstate.add_read(name), None, einsum, f"Inputs__{k}", nsdfg.make_array_memlet(name))
         nstate.add_edge(einsum, "Output", nstate.add_write("Y"), None, nsdfg.make_array_memlet("Y"))
+        return nsdfg
+
+
+@pure_expansion("Gemm", name="dcnb")
+class GemmScaled(ONNXForward):
+    # gap: DaCe's Gemm writes alpha and beta other than 1 as ``dace.float(0.5)``, on which autodiff fails
+    # (torch.addmm(c, a, b, beta=0.5)), leaves a C it does not read out of its expansion where beta is 0 (an invalid
+    # SDFG), and refuses a C broadcast from axes of size 1 (a bias per row)
+    @staticmethod
+    def forward(node, state, sdfg):
+        y = out_desc_with_name(node, state, sdfg, "Y")
+        c = in_desc_with_name(node, state, sdfg, "C") if "C" in node.in_connectors else None
+        beta = node.beta if c is not None else 0
+        added = c is not None and beta == 1 and tuple(c.shape) == tuple(y.shape[len(y.shape) - len(c.shape):])
+        if node.alpha == 1 and (c is None or added):
+            return PureGemm.forward(node, state, sdfg)
+        nsdfg = dace.SDFG(f"{node.label}_expansion")
+        nstate = nsdfg.add_state()
+        arrays = {"A": in_desc_with_name(node, state, sdfg, "A"), "B": in_desc_with_name(node, state, sdfg, "B"), "Y": y}
+        if c is not None:  # connected, and read where beta is not 0
+            arrays["C"] = c
+        for name, desc in arrays.items():
+            nsdfg.add_datadesc(name, copy.deepcopy(desc))
+            nsdfg.arrays[name].transient = False
+        nsdfg.add_transient("product", y.shape, y.dtype)
+        a, b = ("ki" if node.transA else "ik"), ("jk" if node.transB else "kj")
+        einsum = ONNXEinsum(f"{node.label}_einsum", equation=f"{a},{b}->ij")
+        product = nstate.add_access("product")
+        for k, name in enumerate(("A", "B")):
+            einsum.add_in_connector(f"Inputs__{k}")
+            nstate.add_edge(nstate.add_read(name), None, einsum, f"Inputs__{k}", nsdfg.make_array_memlet(name))
+        nstate.add_edge(einsum, "Output", product, None, nsdfg.make_array_memlet("product"))
+        inputs = {"__p": dace.Memlet("product[i, j]")}
+        code = f"__y = {float(node.alpha)!r} * __p"
+        if beta:
+            inputs["__c"] = dace.Memlet(f"C[{', '.join(broadcast_index(c, list(y.shape), ['i', 'j'])) or '0'}]")
+            code += f" + {float(beta)!r} * __c"
+        nstate.add_mapped_tasklet(
+            f"{node.label}_scaled", {"i": f"0:{y.shape[0]}", "j": f"0:{y.shape[1]}"}, inputs, code,
+            {"__y": dace.Memlet("Y[i, j]")}, external_edges=True, input_nodes={"product": product},
+        )
         return nsdfg
 
 
