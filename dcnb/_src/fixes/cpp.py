@@ -1,6 +1,9 @@
 """C++ loops over described arrays: the bodies of dcnb's expansions and backward rules that DaCe's maps cannot
 express (windows, gathers, per-sample loops).
 
+Their strides are written into the code, so the nested SDFG holding such a body is never inlined (``kept_nested``):
+inlined, simplify would hand the body a view with other strides where it removes a copy before it.
+
 Bodies read an array element into a local before choosing with it (``const auto dy = g[i]; y[i] = c ? dy : 0;``),
 never ``c ? g[i] : 0``: GCC 12.2 (Debian 12's) vectorizes the latter into masked loads that reuse one vector's mask
 for the next, and so drops elements (ReLU6's gradient was 0 for some inputs in range).
@@ -79,6 +82,20 @@ def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[st
     return state
 
 
+def kept_nested(nested: nodes.Node) -> None:
+    """Keep ``nested``, a node an op expanded to, from being inlined where it is a nested SDFG running C++ of dcnb's: DaCe then removes no copy that would give it an
+    array of other strides.
+
+    gap: DaCe takes a pointer connector for an array accessed through its descriptor's strides; after auto_optimize
+    expanded every op and simplified, a C++ body that read a slice's copy with the copy's strides read the sliced
+    array itself (F.pad(x[:, 1:]), x[:, :-1].cumsum(-1): wrong values)
+    """
+    if isinstance(nested, nodes.NestedSDFG) and any(
+        isinstance(n, nodes.Tasklet) and n.code.language == dace.Language.CPP for n, _ in nested.sdfg.all_nodes_recursive()
+    ):
+        nested.no_inline = True
+
+
 def expansion_sdfg(node: ONNXOp, state, sdfg) -> tuple[dace.SDFG, list[str], list[str]]:
     """An empty SDFG for the expansion of ``node``, with its connectors' arrays named as the connectors, and the
     names of its inputs and outputs."""
@@ -112,6 +129,7 @@ def cpp_backward(
     inputs = [n for n in names if n in node.in_connectors]
     outputs = [n for n in names if n in node.out_connectors]
     cpp_tasklet(node.sdfg, f"{forward_node.label}_backward", inputs, outputs, body)
+    kept_nested(node)
     return node, result
 
 

@@ -14,6 +14,7 @@ from dace.sdfg.scope import is_devicelevel_gpu
 from dace.transformation.transformation import ExpandTransformation
 
 from ..frontend import OPSET
+from .cpp import kept_nested
 
 
 def op_versions(op: str) -> list[type[ONNXOp]]:
@@ -48,6 +49,7 @@ def pure_expansion(op: str, name: str = "pure"):
                     "environments": [],
                     "forward_impl": impl,  # as DaCe's own expansions name it
                     "expansion": staticmethod(functools.partial(_expand, op, impl)),
+                    "postprocessing": staticmethod(lambda sdfg, state, nested: kept_nested(nested)),
                 },
             )
             globals()[class_name] = expansion  # where DaCe looks for it when it loads an SDFG that names it
