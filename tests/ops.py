@@ -144,6 +144,14 @@ def with_zeros(*shape: int) -> Callable[[torch.Generator], tuple[torch.Tensor, .
     return draw
 
 
+def _shifted_right(x, start):
+    """A new tensor assigned in slices (T5's and BART's decoder inputs, here of floats)."""
+    shifted = x.new_zeros(x.shape)
+    shifted[:, 1:] = x[:, :-1]
+    shifted[:, 0] = start[:, 0]
+    return shifted * 2
+
+
 def _eval_batch_norm(features: int) -> nn.Module:
     """An eval-mode BatchNorm with running statistics of their own (the defaults, 0 and 1, would normalize nothing)."""
     norm = nn.BatchNorm1d(features)
@@ -332,6 +340,19 @@ SHAPES = [
     ),
     Op("squeeze_unsqueeze", lambda: Fn(lambda x: x.unsqueeze(1).squeeze(1) * x), randn(4, 8)),
     Op("tril_mask", lambda: Fn(lambda x: x.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), 0.0)), randn(2, 8, 8)),
+    Op("slice_assigned", lambda: Fn(_shifted_right), two(2, 6)),
+    Op(
+        "scatter",
+        lambda: Fn(lambda x, y: x.scatter(1, torch.tensor([[0, 3, 1], [2, 4, 0]]), y)),
+        lambda gen: (torch.randn(2, 5, generator=gen), torch.randn(2, 3, generator=gen)),
+    ),
+    Op(
+        "scatter_add",
+        lambda: Fn(lambda x, y: x.scatter_add(1, torch.tensor([[0, 1, 1, 4], [3, 3, 3, 0]]), y)),
+        lambda gen: (torch.randn(2, 5, generator=gen), torch.randn(2, 4, generator=gen)),
+    ),
+    Op("one_hot_of_argmax", lambda: Fn(lambda x: F.one_hot(x.argmax(-1), 6).float() * x.softmax(-1)), randn(3, 6)),
+    Op("pad_of_a_slice", lambda: Fn(lambda x: F.pad(x[:, 1:], (1, 2)) * 2), randn(3, 6)),
 ]
 
 REDUCTIONS = [
@@ -354,6 +375,10 @@ REDUCTIONS = [
     Op("amax_keepdim", lambda: Fn(lambda x: x.amax(0, keepdim=True) * x), distinct(3, 4)),
     # small integers: maxima tie, and amax splits the gradient evenly among them
     Op("amax_ties", lambda: Fn(lambda x: x.amax(-1)), lambda gen: (torch.randint(0, 3, (3, 4), generator=gen).float(),)),
+    Op("topk", lambda: Fn(lambda x: torch.topk(x, 3, dim=-1).values), distinct(4, 8)),
+    Op("topk_smallest_first_axis", lambda: Fn(lambda x: torch.topk(x, 2, dim=0, largest=False).values), distinct(4, 8)),
+    Op("sort", lambda: Fn(lambda x: torch.sort(x, dim=-1, descending=True).values * torch.arange(8.0)), distinct(4, 8)),
+    Op("argsort_weights", lambda: Fn(lambda x: x * x.argsort(-1).float()), distinct(4, 8)),
     Op("argmin", lambda: Fn(lambda x: x * x.argmin(dim=0).float()), distinct(4, 8)),
     Op("cumsum_dim0", lambda: Fn(lambda x: x.cumsum(0)), double(3, 4, 2)),
     Op("logsumexp_axes", lambda: Fn(lambda x: torch.logsumexp(x, dim=(1, 2), keepdim=True)), randn(2, 3, 4)),

@@ -36,6 +36,7 @@ _RULES = (
     ("aten::gru", "gru"),
     ("aten::rnn_tanh", "rnn_tanh"),
     ("aten::rnn_relu", "rnn_relu"),
+    ("aten::one_hot", "one_hot"),
 )
 
 
@@ -217,6 +218,17 @@ def diff(g, input, n: int, dim: int, prepend, append):
         # (booleans differ where they are not equal, as torch.diff has it)
         x = g.op("Xor" if input.type().scalarType() == "Bool" else "Sub", later, earlier)
     return x
+
+
+@symbolic_helper.parse_args("v", "i")
+def one_hot(g, input, num_classes: int):
+    # gap: PyTorch exports F.one_hot as ONNX's OneHot, which DaCe lacks and whose depth, an input, leaves its shape
+    # unknown to the import; a comparison with each class' index is the same
+    if num_classes < 0:
+        raise errors.SymbolicValueError("F.one_hot needs num_classes: without it the shape depends on the values", input)
+    classes = g.op("Constant", value_t=torch.arange(num_classes, dtype=torch.int64))
+    equal = g.op("Equal", g.op("Unsqueeze", input, _axes(g, [-1])), classes)
+    return g.op("Cast", equal, to_i=TensorProto.INT64)
 
 
 @symbolic_helper.parse_args("v", "i", "none")

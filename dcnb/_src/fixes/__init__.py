@@ -8,7 +8,8 @@ Importing this package installs them. Passes over whole SDFGs are not here: they
 
 from __future__ import annotations
 
-from . import array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize  # noqa: F401  (each registers on import)
+# each registers on import
+from . import array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize, sorting  # noqa: F401
 
 #: the modules whose code decides what a library node expands to at code generation (see cache.key)
-FAMILIES = (array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize)
+FAMILIES = (array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize, sorting)

@@ -1,6 +1,6 @@
-"""Array ops: Expand (broadcasting to a shape), Slice, Split, Gather from an axis of length 1, and the gathers Pad,
+"""Array ops: Expand (broadcasting to a shape), Slice, Split, Gather from an axis of length 1, the gathers Pad,
 GatherElements, Tile, DepthToSpace and SpaceToDepth (C++ loops, with a backward that adds each output's gradient
-into the element it read)."""
+into the element it read), and the scatters ScatterND and ScatterElements."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dace.transformation.onnx import constant_folding
 from dace.transformation.onnx.replacement import onnx_constant_or_none
 
 from .cpp import (
+    at,
     cpp_backward,
     cpp_expansion,
     forward_in,
@@ -356,3 +357,97 @@ _register_gather("GatherElements", _gather_elements_source, reads=("indices",))
 _register_gather("Tile", _tile_source)
 _register_gather("DepthToSpace", _depth_to_space_source)
 _register_gather("SpaceToDepth", _space_to_depth_source)
+
+
+#: where a scatter writes update element ``index``: (C++ declaring what it needs, the output's index); its arguments:
+#: node, data, indices, index
+Target = Callable[..., tuple[str, list[str]]]
+
+
+def _normalized(name: str, read: str, size) -> str:
+    """C++ declaring ``name``, the index ``read`` names, counted from the start of an axis of ``size``."""
+    return f"long long {name} = (long long) {read};\n{name} = {name} < 0 ? {name} + {size} : {name};\n"
+
+
+def _scatter_nd_target(node, data: dt.Data, indices: dt.Data, index: list[str]):
+    depth, batch = int(indices.shape[-1]), len(indices.shape) - 1
+    prelude = "".join(
+        _normalized(f"t{d}", f"indices[{offset(indices, [*index[:batch], str(d)])}]", data.shape[d])
+        for d in range(depth)
+    )
+    return prelude, [*(f"t{d}" for d in range(depth)), *index[batch:]]
+
+
+def _scatter_elements_target(node, data: dt.Data, indices: dt.Data, index: list[str]):
+    axis = node.axis % len(data.shape)
+    prelude = _normalized("t", f"indices[{offset(indices, index)}]", data.shape[axis])
+    return prelude, [*index[:axis], "t", *index[axis + 1:]]
+
+
+def _register_scatter(op: str, target: Target) -> None:
+    """Register the ONNX op ``op``: its data copied, then each update written (reduction "add": added) where
+    ``target`` says, and its backward: the output's gradient for the data's where no update was written over it, and
+    for each update the gradient where it went."""
+
+    def applies(node, state, sdfg) -> bool:
+        return getattr(node, "reduction", "none") in ("none", "add")
+
+    def over_updates(node, data, indices, updates, output, body: str) -> str:
+        """C++ running ``body`` for each update (``ui``) and where it goes (``oi`` in the output, ``di`` in the
+        data)."""
+        index = [f"u{d}" for d in range(len(updates.shape))]
+        prelude, written = target(node, data, indices, index)
+        head, tail = loops(index, updates.shape)
+        where = f"const long long ui = {offset(updates, index)};\nconst long long oi = {offset(output, written)};\n"
+        return head + prelude + where + f"const long long di = {offset(data, written)};\n" + body + tail
+
+    def copy_all(source: str, source_desc: dt.Data, target_name: str, target_desc: dt.Data) -> str:
+        index = [f"c{d}" for d in range(len(target_desc.shape))]
+        head, tail = loops(index, target_desc.shape)
+        return head + f"{at(target_name, target_desc, index)} = {at(source, source_desc, index)};\n" + tail
+
+    class Expansion(ONNXForward):
+        @staticmethod
+        def forward_can_be_applied(node, state, sdfg) -> bool:
+            return applies(node, state, sdfg)
+
+        @staticmethod
+        def forward(node, state, sdfg):
+            descs = [in_desc_with_name(node, state, sdfg, n) for n in ("data", "indices", "updates")]
+            output = out_desc_with_name(node, state, sdfg, "output")
+            write = "+=" if getattr(node, "reduction", "none") == "add" else "="
+            body = copy_all("data", descs[0], "output", output)
+            body += over_updates(node, *descs, output, f"output[oi] {write} updates[ui];\n")
+            return cpp_expansion(node, state, sdfg, body)
+
+    class Backward(BackwardImplementation):
+        @staticmethod
+        def backward_can_be_applied(node, state, sdfg) -> bool:
+            return applies(node, state, sdfg)
+
+        @staticmethod
+        def backward(forward_node, context, given_gradients, required_gradients):
+            data, indices, updates = (forward_in(forward_node, context, n) for n in ("data", "indices", "updates"))
+            output = forward_out(forward_node, context, "output")
+            names, body = ["output_grad", "indices"], ""
+            if "data" in required_gradients:
+                names.append("data_grad")
+                body += copy_all("output_grad", output, "data_grad", data)
+                if getattr(forward_node, "reduction", "none") == "none":  # what an update overwrote has none
+                    body += over_updates(forward_node, data, indices, updates, output, "data_grad[di] = 0;\n")
+            if "updates" in required_gradients:
+                names.append("updates_grad")
+                body += over_updates(forward_node, data, indices, updates, output, "updates_grad[ui] = output_grad[oi];\n")
+            return cpp_backward(forward_node, context, names, body)
+
+    Expansion.__name__, Backward.__name__ = f"{op}Expansion", f"{op}Backward"
+    pure_expansion(op)(Expansion)
+    autoregister_params(op=op, name="dcnb")(Backward)
+    default_backward(op)
+
+
+# gap: DaCe has no implementation of these ONNX ops (``y[:, 1:] = x`` on a new tensor, T5's and BART's shifted
+# decoder ids; x.scatter and x.scatter_add), nor backward
+_register_scatter("ScatterND", _scatter_nd_target)
+_register_scatter("ScatterElements", _scatter_elements_target)
+
