@@ -409,6 +409,11 @@ LINEAR = [
     Op("einsum_diagonal", lambda: Fn(lambda x, y: torch.einsum("bii,bj->bij", x, y)), lambda gen: (torch.randn(2, 3, 3, generator=gen), torch.randn(2, 4, generator=gen))),
     Op("einsum_to_scalar", lambda: Fn(lambda x, y: torch.einsum("ij,kj->", x, y)), lambda gen: (torch.randn(3, 4, generator=gen), torch.randn(2, 4, generator=gen))),
     Op("einsum_sum_and_transpose", lambda: Fn(lambda x: torch.einsum("ijk->kj", x)), randn(3, 4, 5)),
+    Op(
+        "einsum_batch_in_the_middle",
+        lambda: Fn(lambda q, k: torch.einsum("ibnd,jbnd->bnij", q, k)),
+        lambda gen: (torch.randn(5, 2, 3, 4, generator=gen), torch.randn(6, 2, 3, 4, generator=gen)),
+    ),
     Op("dot", lambda: Fn(torch.dot), lambda gen: (torch.randn(6, generator=gen), torch.randn(6, generator=gen))),
     Op("matmul_vectors", lambda: Fn(torch.matmul), lambda gen: (torch.randn(6, generator=gen), torch.randn(6, generator=gen))),
     Op("matmul_broadcast_batch_of_one", lambda: Fn(torch.matmul), lambda gen: (torch.randn(1, 3, 4, generator=gen), torch.randn(2, 4, 5, generator=gen))),

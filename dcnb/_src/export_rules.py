@@ -2,8 +2,8 @@
 written as standard ONNX ops that DaCe (with dcnb's fixes) imports and differentiates.
 
 They are registered with ``torch.onnx.register_custom_op_symbolic`` at the export's opset, where a custom symbolic
-takes precedence over PyTorch's own. One more, ``detach``'s, marks where gradients stop with an op of dcnb's own
-domain, and holds only during dcnb's exports (``stopping_gradients``).
+takes precedence over PyTorch's own. Two more, ``detach``'s and ``embedding``'s, mark where gradients stop with an op
+of dcnb's own domain, and hold only during dcnb's exports (``stopping_gradients``).
 """
 
 from __future__ import annotations
@@ -54,22 +54,43 @@ DOMAIN, STOP_GRADIENT_OP = "dcnb", "StopGradient"
 STOP_GRADIENT = "dcnb_stop_gradient"
 
 
+#: the symbolics that stop gradients, registered during dcnb's exports only
+_STOPPING = (("aten::detach", "_stop_gradient"), ("aten::embedding", "_embedding"))
+
+
 @contextlib.contextmanager
 def stopping_gradients(opset: int):
-    """``x.detach()`` exported as dcnb's StopGradient for the duration: PyTorch's own symbolic returns ``x`` itself, so
-    autodiff differentiated through it (``y - y.detach().mean()``, a straight-through estimator). Afterwards the
-    user's own exports get PyTorch's symbolic again."""
-    torch.onnx.register_custom_op_symbolic("aten::detach", _stop_gradient, opset)
+    """``x.detach()`` and an embedding's padding row exported with dcnb's StopGradient for the duration; afterwards
+    the user's own exports get PyTorch's symbolics again."""
+    for name, function in _STOPPING:
+        torch.onnx.register_custom_op_symbolic(name, globals()[function], opset)
     try:
         yield
     finally:
-        torch.onnx.unregister_custom_op_symbolic("aten::detach", opset)
+        for name, _ in _STOPPING:
+            torch.onnx.unregister_custom_op_symbolic(name, opset)
 
 
 def _stop_gradient(g, input):
+    # gap: PyTorch exports x.detach() as x itself, and autodiff differentiated through it (``y - y.detach().mean()``,
+    # a straight-through estimator)
     output = g.op(f"{DOMAIN}::{STOP_GRADIENT_OP}", input)
     output.setType(input.type())
     return output
+
+
+@symbolic_helper.parse_args("v", "v", "i", "b", "b")
+def _embedding(g, weight, indices, padding_idx: int, scale_grad_by_freq: bool, sparse: bool):
+    # gap: PyTorch exports an embedding as a plain Gather, which has no padding row: the padding tokens' gradients
+    # went into it (zeroing the row afterwards also dropped what a tied output layer adds to it: BART, Marian)
+    if scale_grad_by_freq:
+        raise errors.SymbolicValueError("an embedding with scale_grad_by_freq=True scales gradients ONNX cannot", weight)
+    looked_up = g.op("Gather", weight, indices)
+    if padding_idx < 0:
+        return looked_up
+    row = g.op("Constant", value_t=torch.tensor(padding_idx, dtype=torch.int64))
+    padding = g.op("Equal", g.op("Cast", indices, to_i=TensorProto.INT64), row)
+    return g.op("Where", g.op("Unsqueeze", padding, _axes(g, [-1])), _stop_gradient(g, looked_up), looked_up)
 
 
 def _dtype(value) -> torch.dtype:
@@ -316,6 +337,7 @@ def _einsum(g, equation: str, tensors: list):
         unit = "" if result else spare.pop(0)  # (a scalar result as one of one element: DaCe's backward needs an axis)
         if unit:
             operands.append((unit, g.op("Constant", value_t=torch.ones(1, dtype=dtype))))
+        operands, order = _batch_first(g, operands, unit + result)
         used = dict.fromkeys("".join(t for t, _ in operands))
         if len(used) > len(string.ascii_lowercase):
             raise errors.SymbolicValueError(
@@ -325,7 +347,10 @@ def _einsum(g, equation: str, tensors: list):
         written = ",".join("".join(lower[c] for c in t) for t, _ in operands) + "->" + "".join(
             lower[c] for c in unit + result
         )
+        written = written.rpartition("->")[0] + "->" + "".join(lower[c] for c in order)
         out = g.op("Einsum", *(t for _, t in operands), equation_s=written)
+        if order != unit + result:
+            out = g.op("Transpose", out, perm_i=[order.index(c) for c in unit + result])
         if unit:
             out = g.op("Squeeze", out, _axes(g, [0]))
     else:
@@ -333,6 +358,28 @@ def _einsum(g, equation: str, tensors: list):
     for scalar in scalars:
         out = g.op("Mul", out, scalar)
     return g.op("Cast", out, to_i=TensorProto.BOOL) if boolean else out
+
+
+def _batch_first(g, operands: list, result: str) -> tuple[list, str]:
+    """A product of two operands with their batch letters (those of both and of the result) first, in the result's
+    order, each operand transposed where it has them elsewhere; returns the operands and the order of the result to
+    compute (batch letters first), which the caller transposes into ``result``.
+
+    gap: DaCe's einsum takes a batched GEMM whose operands have the batch axes after another one for one whose
+    batch axes lead, and reads garbage (XLNet's ``ibnd,jbnd->bnij``: infinities, then a corrupted heap)
+    """
+    if len(operands) != 2:
+        return operands, result
+    batch = [c for c in result if all(c in term for term, _ in operands)]
+    if not batch:
+        return operands, result
+    moved = []
+    for term, tensor in operands:
+        first = "".join(batch) + "".join(c for c in term if c not in batch)
+        if first != term:
+            tensor = g.op("Transpose", tensor, perm_i=[term.index(c) for c in first])
+        moved.append((first, tensor))
+    return moved, "".join(batch) + "".join(c for c in result if c not in batch)
 
 
 def _written_out(equation: str, shapes: list) -> tuple[list[str], str]:

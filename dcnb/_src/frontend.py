@@ -57,8 +57,6 @@ class Imported:
     buffer_updates: dict[str, str] = dataclasses.field(default_factory=dict)
     #: paths of the counters a forward call increments (BatchNorm's ``num_batches_tracked``)
     counters: list[str] = dataclasses.field(default_factory=list)
-    #: SDFG array name of an nn.Embedding's weight -> its padding row, which gets no gradient in PyTorch
-    padding_rows: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def import_module(
@@ -95,11 +93,6 @@ def import_module(
                 node.backward_implementation = export_rules.STOP_GRADIENT
         _check_covered(model.sdfg, model_proto, module, inputs, call, input_names, training)
     graph_inputs = set(model.inputs)
-    padding = {
-        _member(path, "weight"): sub.padding_idx
-        for path, sub in module.named_modules()
-        if isinstance(sub, nn.Embedding) and sub.padding_idx is not None
-    }
     # the importer renames the graph's outputs to __return or __return_<i>, in order; the latter become __output_<i>
     outputs = _outputs_apart_from_returns(model.sdfg, [clean_onnx_name(n) for n in model.outputs])
     renamed = dict(zip((o.name for o in model_proto.graph.output), outputs))
@@ -116,7 +109,6 @@ def import_module(
         counters=sorted(
             {_member(path.rpartition(".")[0], "num_batches_tracked") for path in updates.values()} & set(named)
         ),
-        padding_rows={clean_onnx_name(n): padding[n] for n in named if n in graph_inputs and n in padding},
     )
 
 
@@ -272,7 +264,6 @@ def _export(
                 export_params=False,
                 keep_initializers_as_inputs=True,
                 do_constant_folding=False,
-                custom_opsets={export_rules.DOMAIN: 1},
                 dynamo=False,
                 verbose=verbose,
             )

@@ -13,7 +13,6 @@ from dace.autodiff.torch import make_backward_function
 from dace.sdfg import nodes
 
 from . import passes
-from .fixes import embedding
 from .errors import StepError, describe
 from .frontend import Imported
 
@@ -77,8 +76,6 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
         raise StepError(f"DaCe's autodiff failed: {describe(e)}") from e
     passes.run(passes.AFTER_AUTODIFF, forward, "forward")
     passes.run(passes.AFTER_AUTODIFF, backward, "backward")
-    grads = result.required_grad_names
-    embedding.zero_padding_rows(backward, {grads[w]: row for w, row in imported.padding_rows.items() if w in grads})
     return Program(
         forward=forward,
         backward=backward,
