@@ -152,6 +152,15 @@ def _shifted_right(x, start):
     return shifted * 2
 
 
+def _padded_product(x, w):
+    """A product of a slice padded back by computed sizes, whose shape the exporter does not know (Funnel's pooled
+    attention)."""
+    n = x.shape[1]
+    y = x[:, : (n + 1) // 2]
+    y = F.pad(y, (0, 0, 0, n - y.shape[1]))
+    return torch.einsum("bid,jd->bij", y, w)
+
+
 def _eval_batch_norm(features: int) -> nn.Module:
     """An eval-mode BatchNorm with running statistics of their own (the defaults, 0 and 1, would normalize nothing)."""
     norm = nn.BatchNorm1d(features)
@@ -414,6 +423,7 @@ LINEAR = [
         lambda: Fn(lambda q, k: torch.einsum("ibnd,jbnd->bnij", q, k)),
         lambda gen: (torch.randn(5, 2, 3, 4, generator=gen), torch.randn(6, 2, 3, 4, generator=gen)),
     ),
+    Op("einsum_of_unknown_shape", lambda: Fn(_padded_product), lambda gen: (torch.randn(2, 5, 3, generator=gen), torch.randn(4, 3, generator=gen))),
     Op("dot", lambda: Fn(torch.dot), lambda gen: (torch.randn(6, generator=gen), torch.randn(6, generator=gen))),
     Op("matmul_vectors", lambda: Fn(torch.matmul), lambda gen: (torch.randn(6, generator=gen), torch.randn(6, generator=gen))),
     Op("matmul_broadcast_batch_of_one", lambda: Fn(torch.matmul), lambda gen: (torch.randn(1, 3, 4, generator=gen), torch.randn(2, 4, 5, generator=gen))),

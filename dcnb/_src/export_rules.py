@@ -84,7 +84,9 @@ def _embedding(g, weight, indices, padding_idx: int, scale_grad_by_freq: bool, s
     # gap: PyTorch exports an embedding as a plain Gather, which has no padding row: the padding tokens' gradients
     # went into it (zeroing the row afterwards also dropped what a tied output layer adds to it: BART, Marian)
     if scale_grad_by_freq:
-        raise errors.SymbolicValueError("an embedding with scale_grad_by_freq=True scales gradients ONNX cannot", weight)
+        raise errors.SymbolicValueError(
+            "an embedding with scale_grad_by_freq=True scales gradients ONNX cannot", weight
+        )
     looked_up = g.op("Gather", weight, indices)
     if padding_idx < 0:
         return looked_up
@@ -246,7 +248,9 @@ def one_hot(g, input, num_classes: int):
     # gap: PyTorch exports F.one_hot as ONNX's OneHot, which DaCe lacks and whose depth, an input, leaves its shape
     # unknown to the import; a comparison with each class' index is the same
     if num_classes < 0:
-        raise errors.SymbolicValueError("F.one_hot needs num_classes: without it the shape depends on the values", input)
+        raise errors.SymbolicValueError(
+            "F.one_hot needs num_classes: without it the shape depends on the values", input
+        )
     classes = g.op("Constant", value_t=torch.arange(num_classes, dtype=torch.int64))
     equal = g.op("Equal", g.op("Unsqueeze", input, _axes(g, [-1])), classes)
     return g.op("Cast", equal, to_i=TensorProto.INT64)
@@ -296,7 +300,11 @@ def _einsum(g, equation: str, tensors: list):
     # result is a scalar: the equation is rewritten so that none of these reach it
     shapes = [symbolic_helper._get_tensor_sizes(t) for t in tensors]
     if any(shape is None or None in shape for shape in shapes):
-        raise errors.SymbolicValueError("Unsupported: an einsum over inputs of unknown shape", tensors[0])
+        # the rewrites below need the shapes (Funnel's relative attention has none): the equation as written
+        inputs, arrow, result = equation.replace(" ", "").partition("->")
+        if not arrow or "." in inputs:
+            raise errors.SymbolicValueError("Unsupported: an einsum over inputs of unknown shape", tensors[0])
+        return _product(g, list(zip(inputs.split(","), tensors)), result)
     terms, result = _written_out(equation, shapes)
     boolean = symbolic_helper._is_bool(tensors[0])
     dtype = torch.int64 if boolean else tensors[0].type().dtype()
@@ -337,20 +345,7 @@ def _einsum(g, equation: str, tensors: list):
         unit = "" if result else spare.pop(0)  # (a scalar result as one of one element: DaCe's backward needs an axis)
         if unit:
             operands.append((unit, g.op("Constant", value_t=torch.ones(1, dtype=dtype))))
-        operands, order = _batch_first(g, operands, unit + result)
-        used = dict.fromkeys("".join(t for t, _ in operands))
-        if len(used) > len(string.ascii_lowercase):
-            raise errors.SymbolicValueError(
-                f"Unsupported: an einsum of {len(used)} letters (ONNX's has 26)", tensors[0]
-            )
-        lower = dict(zip(used, string.ascii_lowercase))
-        written = ",".join("".join(lower[c] for c in t) for t, _ in operands) + "->" + "".join(
-            lower[c] for c in unit + result
-        )
-        written = written.rpartition("->")[0] + "->" + "".join(lower[c] for c in order)
-        out = g.op("Einsum", *(t for _, t in operands), equation_s=written)
-        if order != unit + result:
-            out = g.op("Transpose", out, perm_i=[order.index(c) for c in unit + result])
+        out = _product(g, operands, unit + result)
         if unit:
             out = g.op("Squeeze", out, _axes(g, [0]))
     else:
@@ -358,6 +353,21 @@ def _einsum(g, equation: str, tensors: list):
     for scalar in scalars:
         out = g.op("Mul", out, scalar)
     return g.op("Cast", out, to_i=TensorProto.BOOL) if boolean else out
+
+
+def _product(g, operands: list, result: str):
+    """One Einsum of ``operands``, (term, tensor) pairs, into ``result``: batch axes first (``_batch_first``), then
+    transposed into ``result``'s order; its letters lower-cased, as ONNX's Einsum takes them."""
+    operands, order = _batch_first(g, operands, result)
+    used = dict.fromkeys("".join(t for t, _ in operands))
+    if len(used) > len(string.ascii_lowercase):
+        raise errors.SymbolicValueError(
+            f"Unsupported: an einsum of {len(used)} letters (ONNX's has 26)", operands[0][1]
+        )
+    lower = dict(zip(used, string.ascii_lowercase))
+    written = ",".join("".join(lower[c] for c in t) for t, _ in operands) + "->" + "".join(lower[c] for c in order)
+    out = g.op("Einsum", *(t for _, t in operands), equation_s=written)
+    return out if order == result else g.op("Transpose", out, perm_i=[order.index(c) for c in result])
 
 
 def _batch_first(g, operands: list, result: str) -> tuple[list, str]:

@@ -9,7 +9,9 @@ Importing this package installs them. Passes over whole SDFGs are not here: they
 from __future__ import annotations
 
 # each registers on import
-from . import array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize, sorting  # noqa: F401
+from . import (  # noqa: F401
+    array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize, sorting,
+)
 
 #: the modules whose code decides what a library node expands to at code generation (see cache.key)
 FAMILIES = (array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize, sorting)

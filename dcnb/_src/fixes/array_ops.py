@@ -437,7 +437,8 @@ def _register_scatter(op: str, target: Target) -> None:
                     body += over_updates(forward_node, data, indices, updates, output, "data_grad[di] = 0;\n")
             if "updates" in required_gradients:
                 names.append("updates_grad")
-                body += over_updates(forward_node, data, indices, updates, output, "updates_grad[ui] = output_grad[oi];\n")
+                read = "updates_grad[ui] = output_grad[oi];\n"
+                body += over_updates(forward_node, data, indices, updates, output, read)
             return cpp_backward(forward_node, context, names, body)
 
     Expansion.__name__, Backward.__name__ = f"{op}Expansion", f"{op}Backward"

@@ -83,15 +83,16 @@ def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[st
 
 
 def kept_nested(nested: nodes.Node) -> None:
-    """Keep ``nested``, a node an op expanded to, from being inlined where it is a nested SDFG running C++ of dcnb's: DaCe then removes no copy that would give it an
-    array of other strides.
+    """Keep ``nested``, a node an op expanded to, from being inlined where it is a nested SDFG running C++ of dcnb's:
+    DaCe then removes no copy that would give it an array of other strides.
 
     gap: DaCe takes a pointer connector for an array accessed through its descriptor's strides; after auto_optimize
     expanded every op and simplified, a C++ body that read a slice's copy with the copy's strides read the sliced
     array itself (F.pad(x[:, 1:]), x[:, :-1].cumsum(-1): wrong values)
     """
     if isinstance(nested, nodes.NestedSDFG) and any(
-        isinstance(n, nodes.Tasklet) and n.code.language == dace.Language.CPP for n, _ in nested.sdfg.all_nodes_recursive()
+        isinstance(n, nodes.Tasklet) and n.code.language == dace.Language.CPP
+        for n, _ in nested.sdfg.all_nodes_recursive()
     ):
         nested.no_inline = True
 

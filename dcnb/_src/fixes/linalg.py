@@ -94,7 +94,7 @@ class GemmScaled(ONNXForward):
             return PureGemm.forward(node, state, sdfg)
         nsdfg = dace.SDFG(f"{node.label}_expansion")
         nstate = nsdfg.add_state()
-        arrays = {"A": in_desc_with_name(node, state, sdfg, "A"), "B": in_desc_with_name(node, state, sdfg, "B"), "Y": y}
+        arrays = {n: in_desc_with_name(node, state, sdfg, n) for n in ("A", "B")} | {"Y": y}
         if c is not None:  # connected, and read where beta is not 0
             arrays["C"] = c
         for name, desc in arrays.items():
