@@ -239,6 +239,16 @@ def _gather_loops(source: Source, node, state, sdfg, x: dt.Data, y: dt.Data, ins
     return head + body + (f" else {{\n{outside}}}\n" if outside else "\n") + tail
 
 
+def _register(op: str, applies, forward, backward) -> None:
+    """Register ``forward(node, state, sdfg)`` as the expansion of the ONNX op ``op`` and ``backward(forward_node,
+    context, given_gradients, required_gradients)`` as its backward rule, both where ``applies(node, state, sdfg)``."""
+    members = {"forward_can_be_applied": staticmethod(applies), "forward": staticmethod(forward)}
+    pure_expansion(op)(type(f"{op}Expansion", (ONNXForward,), members))
+    members = {"backward_can_be_applied": staticmethod(applies), "backward": staticmethod(backward)}
+    autoregister_params(op=op, name="dcnb")(type(f"{op}Backward", (BackwardImplementation,), members))
+    default_backward(op)
+
+
 def _register_gather(
     op: str,
     source: Source,
@@ -253,36 +263,20 @@ def _register_gather(
     schema = op_versions(op)[-1].schema
     x_name, y_name = schema.inputs[0].name, schema.outputs[0].name
 
-    class Expansion(ONNXForward):
-        @staticmethod
-        def forward_can_be_applied(node, state, sdfg) -> bool:
-            return applies(node, state, sdfg)
+    def forward(node, state, sdfg):
+        x, y = in_desc_with_name(node, state, sdfg, x_name), out_desc_with_name(node, state, sdfg, y_name)
+        inside, outside = f"{y_name}[yi] = {x_name}[xi];\n", f"{y_name}[yi] = {fill(node)};\n"
+        return cpp_expansion(node, state, sdfg, _gather_loops(source, node, state, sdfg, x, y, inside, outside))
 
-        @staticmethod
-        def forward(node, state, sdfg):
-            x, y = in_desc_with_name(node, state, sdfg, x_name), out_desc_with_name(node, state, sdfg, y_name)
-            inside, outside = f"{y_name}[yi] = {x_name}[xi];\n", f"{y_name}[yi] = {fill(node)};\n"
-            body = _gather_loops(source, node, state, sdfg, x, y, inside, outside)
-            return cpp_expansion(node, state, sdfg, body)
+    def backward(forward_node, context, given_gradients, required_gradients):
+        x, y = forward_in(forward_node, context, x_name), forward_out(forward_node, context, y_name)
+        state, sdfg = context.forward_state, context.forward_sdfg
+        body = zero(f"{x_name}_grad", x) + _gather_loops(
+            source, forward_node, state, sdfg, x, y, f"{x_name}_grad[xi] += {y_name}_grad[yi];\n"
+        )
+        return cpp_backward(forward_node, context, [f"{y_name}_grad", *reads, f"{x_name}_grad"], body)
 
-    class Backward(BackwardImplementation):
-        @staticmethod
-        def backward_can_be_applied(node, state, sdfg) -> bool:
-            return applies(node, state, sdfg)
-
-        @staticmethod
-        def backward(forward_node, context, given_gradients, required_gradients):
-            x, y = forward_in(forward_node, context, x_name), forward_out(forward_node, context, y_name)
-            state, sdfg = context.forward_state, context.forward_sdfg
-            body = zero(f"{x_name}_grad", x) + _gather_loops(
-                source, forward_node, state, sdfg, x, y, f"{x_name}_grad[xi] += {y_name}_grad[yi];\n"
-            )
-            return cpp_backward(forward_node, context, [f"{y_name}_grad", *reads, f"{x_name}_grad"], body)
-
-    Expansion.__name__, Backward.__name__ = f"{op}Expansion", f"{op}Backward"
-    pure_expansion(op)(Expansion)
-    autoregister_params(op=op, name="dcnb")(Backward)
-    default_backward(op)
+    _register(op, applies, forward, backward)
 
 
 def _pads(node, state, sdfg, x: dt.Data) -> list[int] | None:
@@ -406,45 +400,30 @@ def _register_scatter(op: str, target: Target) -> None:
         head, tail = loops(index, target_desc.shape)
         return head + f"{at(target_name, target_desc, index)} = {at(source, source_desc, index)};\n" + tail
 
-    class Expansion(ONNXForward):
-        @staticmethod
-        def forward_can_be_applied(node, state, sdfg) -> bool:
-            return applies(node, state, sdfg)
+    def forward(node, state, sdfg):
+        descs = [in_desc_with_name(node, state, sdfg, n) for n in ("data", "indices", "updates")]
+        output = out_desc_with_name(node, state, sdfg, "output")
+        write = "+=" if getattr(node, "reduction", "none") == "add" else "="
+        body = copy_all("data", descs[0], "output", output)
+        body += over_updates(node, *descs, output, f"output[oi] {write} updates[ui];\n")
+        return cpp_expansion(node, state, sdfg, body)
 
-        @staticmethod
-        def forward(node, state, sdfg):
-            descs = [in_desc_with_name(node, state, sdfg, n) for n in ("data", "indices", "updates")]
-            output = out_desc_with_name(node, state, sdfg, "output")
-            write = "+=" if getattr(node, "reduction", "none") == "add" else "="
-            body = copy_all("data", descs[0], "output", output)
-            body += over_updates(node, *descs, output, f"output[oi] {write} updates[ui];\n")
-            return cpp_expansion(node, state, sdfg, body)
+    def backward(forward_node, context, given_gradients, required_gradients):
+        data, indices, updates = (forward_in(forward_node, context, n) for n in ("data", "indices", "updates"))
+        output = forward_out(forward_node, context, "output")
+        names, body = ["output_grad", "indices"], ""
+        if "data" in required_gradients:
+            names.append("data_grad")
+            body += copy_all("output_grad", output, "data_grad", data)
+            if getattr(forward_node, "reduction", "none") == "none":  # what an update overwrote has none
+                body += over_updates(forward_node, data, indices, updates, output, "data_grad[di] = 0;\n")
+        if "updates" in required_gradients:
+            names.append("updates_grad")
+            read = "updates_grad[ui] = output_grad[oi];\n"
+            body += over_updates(forward_node, data, indices, updates, output, read)
+        return cpp_backward(forward_node, context, names, body)
 
-    class Backward(BackwardImplementation):
-        @staticmethod
-        def backward_can_be_applied(node, state, sdfg) -> bool:
-            return applies(node, state, sdfg)
-
-        @staticmethod
-        def backward(forward_node, context, given_gradients, required_gradients):
-            data, indices, updates = (forward_in(forward_node, context, n) for n in ("data", "indices", "updates"))
-            output = forward_out(forward_node, context, "output")
-            names, body = ["output_grad", "indices"], ""
-            if "data" in required_gradients:
-                names.append("data_grad")
-                body += copy_all("output_grad", output, "data_grad", data)
-                if getattr(forward_node, "reduction", "none") == "none":  # what an update overwrote has none
-                    body += over_updates(forward_node, data, indices, updates, output, "data_grad[di] = 0;\n")
-            if "updates" in required_gradients:
-                names.append("updates_grad")
-                read = "updates_grad[ui] = output_grad[oi];\n"
-                body += over_updates(forward_node, data, indices, updates, output, read)
-            return cpp_backward(forward_node, context, names, body)
-
-    Expansion.__name__, Backward.__name__ = f"{op}Expansion", f"{op}Backward"
-    pure_expansion(op)(Expansion)
-    autoregister_params(op=op, name="dcnb")(Backward)
-    default_backward(op)
+    _register(op, applies, forward, backward)
 
 
 # gap: DaCe has no implementation of these ONNX ops (``y[:, 1:] = x`` on a new tensor, T5's and BART's shifted
