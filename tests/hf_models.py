@@ -250,6 +250,20 @@ def llama_layer() -> Built:
     return LlamaLayer(), (torch.randn(BATCH, TOKENS, HIDDEN),), {"position_ids": positions}
 
 
+def bart_with_labels() -> Built:
+    """BART for generation, its loss from labels: a shared embedding with a padding row, tied to the output layer,
+    and decoder ids shifted right by slice assignment. Not in the catalog (nor the speed table): a test of its own."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(
+        vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=1, decoder_layers=1, encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF, max_position_embeddings=32,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, decoder_start_token_id=2,
+    )
+    ids = torch.randint(1, VOCAB, (BATCH, TOKENS))
+    return BartForConditionalGeneration(config), (ids,), {"labels": torch.randint(1, VOCAB, (BATCH, TOKENS))}
+
+
 # --- MLP-Mixer, our own -------------------------------------------------------------------------------------------
 
 

@@ -74,6 +74,10 @@ def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[st
         {f"_c_{n}": _connector_type(sdfg.arrays[n]) for n in outputs},
         "\n".join([*results, *prologue, body, *epilogue]),
         language=dace.Language.CPP,
+        # gap: DaCe's dead dataflow elimination replaces a one-element output nothing reads by a local of the
+        # element's type, which the body, taking a pointer, cannot (BART's and Marian's auto_optimize: an unread
+        # gradient of Where's constant, "cannot convert 'float' to 'float*'")
+        side_effects=True,
     )
     for n in inputs:
         state.add_edge(state.add_read(n), None, tasklet, f"_c_{n}", dace.Memlet.from_array(n, sdfg.arrays[n]))
