@@ -144,6 +144,17 @@ def with_zeros(*shape: int) -> Callable[[torch.Generator], tuple[torch.Tensor, .
     return draw
 
 
+class _ClampedScale(nn.Module):
+    """A learned scale clamped from above (Swin V2's logit scale): Clip with a max and no min."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([[0.2], [0.9], [-0.3]]))
+
+    def forward(self, x):
+        return x * torch.clamp(self.scale, max=0.5).exp()
+
+
 def _shifted_right(x, start):
     """A new tensor assigned in slices (T5's and BART's decoder inputs, here of floats)."""
     shifted = x.new_zeros(x.shape)
@@ -214,6 +225,7 @@ ELEMENTWISE = [
     Op("trig", lambda: Fn(lambda x: torch.sin(x) * torch.cos(x) + torch.atan(x)), randn(4, 8)),
     Op("erf", lambda: Fn(torch.erf), randn(4, 8)),
     Op("clamp", lambda: Fn(lambda x: x.clamp(-0.5, 0.7)), away_from_zero(4, 8)),
+    Op("clamp_max_of_a_parameter", lambda: _ClampedScale(), randn(2, 3, 4)),
     Op("clamp_min", lambda: Fn(lambda x: x.clamp_min(0.2)), away_from_zero(4, 8)),
     Op("maximum", lambda: Fn(torch.maximum), two(4, 8)),
     Op("minimum", lambda: Fn(torch.minimum), two(4, 8)),

@@ -22,6 +22,18 @@ from .cpp import at, cpp_backward, forward_in, forward_out, loops, zero
 from .registry import default_backward, pure_expansion
 
 
+def _inputs_in_order(node, state) -> list:
+    """``node``'s input edges in ONNX order, variadic ones last by their number.
+
+    gap: DaCe's ``iter_inputs_in_onnx_order`` takes the op's first n inputs for n edges, so an optional input left
+    out before a given one (Clip's min in torch.clamp(x, max=0.5): Swin V2's logit scale) failed the expansion.
+    """
+    by_connector = {e.dst_conn: e for e in state.in_edges(node)}
+    named = [p.name for p in node.schema.inputs]
+    variadic = sorted((c for c in by_connector if c not in named), key=lambda c: int(c.rpartition("__")[2]))
+    return [by_connector[c] for c in (*(n for n in named if n in by_connector), *variadic)]
+
+
 def _mapped(node, state, sdfg, expression, constants: tuple[str, ...] = ()) -> dace.SDFG:
     """The op as one map over its output, whose element is ``expression(t, operands)``: Python over the elements of
     the inputs (numpy-style broadcast), ``operands`` by connector in ONNX order, constants typed by ``t`` (e.g.
@@ -30,7 +42,7 @@ def _mapped(node, state, sdfg, expression, constants: tuple[str, ...] = ()) -> d
     differentiates the expression (a Python tasklet) where the op has no backward rule."""
     y_name = next(iter(node.out_connectors))
     y = copy.deepcopy(out_desc_with_name(node, state, sdfg, y_name))
-    edges = list(node.iter_inputs_in_onnx_order(state))
+    edges = _inputs_in_order(node, state)
     t = f"dace.{sdfg.arrays[edges[0].data.data].dtype.to_string()}"
     nsdfg = dace.SDFG(f"{node.label}_expansion")
     shape = list(y.shape) or [1]
