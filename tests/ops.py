@@ -144,6 +144,17 @@ def with_zeros(*shape: int) -> Callable[[torch.Generator], tuple[torch.Tensor, .
     return draw
 
 
+class _L1Normalized(nn.Module):
+    """A product with a weight whose columns are scaled to an L1 norm of 1 (LpNormalization with p=1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        return x @ (self.weight / self.weight.norm(p=1, dim=0, keepdim=True)).t()
+
+
 class _ClampedScale(nn.Module):
     """A learned scale clamped from above (Swin V2's logit scale): Clip with a max and no min."""
 
@@ -254,6 +265,8 @@ NORMALIZATIONS = [
     Op("batch_norm_1d_seq", lambda: nn.BatchNorm1d(4), randn(3, 4, 5)),
     Op("batch_norm_2d", lambda: nn.BatchNorm2d(3), randn(2, 3, 4, 4)),
     Op("normalize", lambda: Fn(lambda x: F.normalize(x, dim=-1)), randn(4, 8)),
+    Op("weight_norm", lambda: nn.utils.parametrizations.weight_norm(nn.Linear(6, 4)), randn(3, 6)),
+    Op("l1_normalized_weight", lambda: _L1Normalized(), randn(3, 6)),
     Op("rms_norm", lambda: nn.RMSNorm(8), randn(3, 8)),
     Op("rms_norm_2d", lambda: nn.RMSNorm([4, 8], eps=1e-5), randn(3, 4, 8)),
     Op("rms_norm_plain", lambda: nn.RMSNorm(8, elementwise_affine=False), double(3, 8)),
@@ -360,6 +373,7 @@ SHAPES = [
         lambda gen: (torch.randn(5, 3, generator=gen), torch.tensor([-1, 4, -5, 0])),
     ),
     Op("squeeze_unsqueeze", lambda: Fn(lambda x: x.unsqueeze(1).squeeze(1) * x), randn(4, 8)),
+    Op("triu_of_a_product", lambda: Fn(lambda x: torch.triu(x * 2, -1) + torch.tril(x, 1).sum(-1, keepdim=True)), randn(2, 4, 5)),
     Op("tril_mask", lambda: Fn(lambda x: x.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), 0.0)), randn(2, 8, 8)),
     Op("slice_assigned", lambda: Fn(_shifted_right), two(2, 6)),
     Op(

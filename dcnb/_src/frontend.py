@@ -6,7 +6,6 @@ This is the only module that talks to PyTorch's ONNX exporter and DaCe's importe
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import io
 import linecache
@@ -310,7 +309,9 @@ def _flat(module: nn.Module, call: Call) -> nn.Module:
     tensors, so a flag such as TransformerEncoderLayer's ``is_causal=False`` reached its function as a Tensor.
     The shallow copy shares the parameters, buffers and submodules, so their names stay those of the module.
     """
-    exported = copy.copy(module)
+    # (a copy of the attributes, not copy.copy: a parametrized module, weight norm's, refuses to be copied)
+    exported = object.__new__(type(module))
+    exported.__dict__.update(module.__dict__)
     forward = lambda *args, **kwargs: type(module).forward(exported, *args, **kwargs)  # noqa: E731
     exported.forward = lambda *tensors: tuple(structure.leaves(call.invoke(forward, tensors)))
     return exported

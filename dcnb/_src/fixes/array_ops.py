@@ -1,6 +1,6 @@
 """Array ops: Expand (broadcasting to a shape), Slice, Split, Gather from an axis of length 1, the gathers Pad,
-GatherElements, Tile, DepthToSpace and SpaceToDepth (C++ loops, with a backward that adds each output's gradient
-into the element it read), and the scatters ScatterND and ScatterElements."""
+GatherElements, Tile, DepthToSpace, SpaceToDepth and Trilu (C++ loops, with a backward that adds each output's
+gradient into the element it read), and the scatters ScatterND and ScatterElements."""
 
 from __future__ import annotations
 
@@ -344,13 +344,24 @@ def _gather_elements_source(node, state, sdfg, x: dt.Data, y: dt.Data, index: li
     return prelude, [*index[:axis], "gi", *index[axis + 1:]], None
 
 
+def _trilu_source(node, state, sdfg, x: dt.Data, y: dt.Data, index: list[str]):
+    k = constant_input(node, state, sdfg, "k")[0] if "k" in node.in_connectors else 0
+    above = f"{index[-1]} - {index[-2]}"
+    return "", index, f"{above} >= {k}" if node.upper else f"{above} <= {k}"
+
+
+def _trilu_applies(node, state, sdfg) -> bool:
+    return "k" not in node.in_connectors or constant_input(node, state, sdfg, "k") is not None
+
+
 # gap: DaCe has no implementation of these ONNX ops (F.pad, x.repeat and torch.tile, nn.PixelShuffle,
-# torch.gather: RoBERTa's token type ids), nor backward
+# torch.gather: RoBERTa's token type ids; torch.triu and torch.tril of a computed tensor), nor backward
 _register_gather("Pad", _pad_source, _pad_applies, _pad_value)
 _register_gather("GatherElements", _gather_elements_source, reads=("indices",))
 _register_gather("Tile", _tile_source)
 _register_gather("DepthToSpace", _depth_to_space_source)
 _register_gather("SpaceToDepth", _space_to_depth_source)
+_register_gather("Trilu", _trilu_source, _trilu_applies)
 
 
 #: where a scatter writes update element ``index``: (C++ declaring what it needs, the output's index); its arguments:

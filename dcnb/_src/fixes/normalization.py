@@ -1,5 +1,5 @@
 """Normalization ops: BatchNormalization over any rank, in training and eval mode, InstanceNormalization
-(nn.InstanceNorm, GroupNorm's export), and Softmax and LogSoftmax over any one axis."""
+(nn.InstanceNorm, GroupNorm's export), LpNormalization, and Softmax and LogSoftmax over any one axis."""
 
 from __future__ import annotations
 
@@ -146,3 +146,24 @@ def _register_softmax(op: str, log: bool) -> None:
 # over that axis alone: a softmax over channels (nn.Softmax2d, torch.softmax(x, 1)) was wrong
 _register_softmax("Softmax", log=False)
 _register_softmax("LogSoftmax", log=True)
+
+
+@pure_expansion("LpNormalization")
+class LpNormalizationExpansion(ONNXForward):
+    # gap: DaCe has no implementation of the ONNX op LpNormalization (weight norm's and w / w.norm(dim=1,
+    # keepdim=True) as PyTorch exports them)
+    @staticmethod
+    def forward_can_be_applied(node, state, sdfg) -> bool:
+        return node.p in (1, 2)
+
+    @staticmethod
+    def forward(node, state, sdfg):
+        axes = (node.axis % len(in_desc_with_name(node, state, sdfg, "input").shape),)
+
+        def l2(input, output):
+            output[:] = input / np.sqrt(np.add.reduce(input * input, axis=axes, keepdims=True))
+
+        def l1(input, output):  # |x| as max(x, -x): DaCe's autodiff fails on np.abs' ("no attribute 'expr'")
+            output[:] = input / np.add.reduce(np.maximum(input, -input), axis=axes, keepdims=True)
+
+        return parsed(l2 if node.p == 2 else l1, sdfg, state, node)
