@@ -46,7 +46,7 @@ class Imported:
     inputs: list[str]
     #: SDFG array name -> path of the parameter or buffer in the module (``lin.weight``)
     param_paths: dict[str, str]
-    #: SDFG array names of the outputs, in order (``__return`` or ``__return_<i>``)
+    #: SDFG array names of the outputs, in order (``__return``, or ``__output_<i>`` for several)
     outputs: list[str]
     #: constants the export produced, by SDFG array name
     constants: dict[str, torch.Tensor]

@@ -58,7 +58,7 @@ def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[st
     for n in inputs + outputs:
         desc = sdfg.arrays[n]
         ctype = desc.dtype.ctype
-        if isinstance(desc, dt.Scalar):
+        if _one_element(desc):
             prologue.append(f"{ctype} {n}[1] = {{{'_c_' + n if n in inputs else '0'}}};")
             if n in outputs:
                 results.append(f"{ctype} _r_{n};")
@@ -67,17 +67,13 @@ def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[st
             qualifier = "const " if n in inputs else ""
             prologue.append(f"{qualifier}{ctype}* {n} = _c_{n};")
     epilogue.append("}")
-    epilogue.extend(f"_c_{n} = _r_{n};" for n in outputs if isinstance(sdfg.arrays[n], dt.Scalar))
+    epilogue.extend(f"_c_{n} = _r_{n};" for n in outputs if _one_element(sdfg.arrays[n]))
     tasklet = state.add_tasklet(
         label,
         {f"_c_{n}": _connector_type(sdfg.arrays[n]) for n in inputs},
         {f"_c_{n}": _connector_type(sdfg.arrays[n]) for n in outputs},
         "\n".join([*results, *prologue, body, *epilogue]),
         language=dace.Language.CPP,
-        # gap: DaCe's dead dataflow elimination replaces a one-element output nothing reads by a local of the
-        # element's type, which the body, taking a pointer, cannot (BART's and Marian's auto_optimize: an unread
-        # gradient of Where's constant, "cannot convert 'float' to 'float*'")
-        side_effects=True,
     )
     for n in inputs:
         state.add_edge(state.add_read(n), None, tasklet, f"_c_{n}", dace.Memlet.from_array(n, sdfg.arrays[n]))
@@ -138,8 +134,18 @@ def cpp_backward(
     return node, result
 
 
+def _one_element(desc: dt.Data) -> bool:
+    """Whether a body reaches ``desc`` through a value, copied in and out, rather than a pointer.
+
+    gap: DaCe's dead dataflow elimination replaces a one-element output nothing reads by a local of the element's
+    type, which a body taking a pointer cannot take (BART's and Marian's auto_optimize: an unread gradient of a
+    masked fill's one-element value, "cannot convert 'float' to 'float*'")
+    """
+    return isinstance(desc, dt.Scalar) or all(int(s) == 1 for s in desc.shape)
+
+
 def _connector_type(desc: dt.Data):
-    return desc.dtype if isinstance(desc, dt.Scalar) else dace.pointer(desc.dtype)
+    return desc.dtype if _one_element(desc) else dace.pointer(desc.dtype)
 
 
 def zero(name: str, desc: dt.Data) -> str:

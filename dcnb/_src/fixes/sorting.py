@@ -25,19 +25,22 @@ def _ordered(node, x, values, inside: str) -> str:
     and ``yi`` are the offsets of the element in ``x`` and of its place in ``values``' shape."""
     axis = node.axis % len(x.shape)
     size, k = x.shape[axis], values.shape[axis]
-    index = [f"i{d}" if d != axis else "j" for d in range(len(x.shape))]
+    index = [f"i{d}" for d in range(len(x.shape))]
     head, tail = loops([v for d, v in enumerate(index) if d != axis], [s for d, s in enumerate(x.shape) if d != axis])
-    element = offset(x, index).replace("(j)", "({0})")
+
+    def element(at: str) -> str:
+        return offset(x, [at if d == axis else v for d, v in enumerate(index)])
+
     before = "a > b" if node.largest else "a < b"
     body = f"std::vector<long long> order({size});\nfor (long long j = 0; j < {size}; ++j) order[j] = j;\n"
     body += (
         f"std::partial_sort(order.begin(), order.begin() + {k}, order.end(), [&](long long p, long long q) {{\n"
-        f"const auto a = X[{element.format('p')}];\nconst auto b = X[{element.format('q')}];\n"
+        f"const auto a = X[{element('p')}];\nconst auto b = X[{element('q')}];\n"
         f"return {before} || (a == b && p < q);\n}});\n"
     )
     at_rank = [v if d != axis else "r" for d, v in enumerate(index)]
     body += f"for (long long r = 0; r < {k}; ++r) {{\n"
-    body += f"const long long xi = {element.format('order[r]')};\nconst long long yi = {offset(values, at_rank)};\n"
+    body += f"const long long xi = {element('order[r]')};\nconst long long yi = {offset(values, at_rank)};\n"
     return head + body + inside + "}\n" + tail
 
 
