@@ -64,19 +64,28 @@ class MatMulOfVectors(ONNXForward):
         else:
             lead = batch[: len(a.shape) - 2]
             equation = f"{lead}ik,k->{lead}i"
-        nsdfg = dace.SDFG(f"{node.label}_expansion")
-        nstate = nsdfg.add_state()
-        einsum = ONNXEinsum(f"{node.label}_einsum", equation=equation)
-        nstate.add_node(einsum)
-        for name, desc in (("A", a), ("B", b), ("Y", out_desc_with_name(node, state, sdfg, "Y"))):
-            desc = copy.deepcopy(desc)
-            desc.transient = False
-            nsdfg.add_datadesc(name, desc)
-        for k, name in enumerate(("A", "B")):
-            einsum.add_in_connector(f"Inputs__{k}")
-            nstate.add_edge(nstate.add_read(name), None, einsum, f"Inputs__{k}", nsdfg.make_array_memlet(name))
-        nstate.add_edge(einsum, "Output", nstate.add_write("Y"), None, nsdfg.make_array_memlet("Y"))
+        nsdfg, nstate = _product_sdfg(node, {"A": a, "B": b, "Y": out_desc_with_name(node, state, sdfg, "Y")})
+        _einsum_into(nsdfg, nstate, f"{node.label}_einsum", equation, nstate.add_write("Y"))
         return nsdfg
+
+
+def _product_sdfg(node, arrays: dict[str, dace.data.Data]) -> tuple[dace.SDFG, dace.SDFGState]:
+    """An empty expansion of ``node`` holding ``arrays`` (its connectors' descriptors) as arguments, and its state."""
+    nsdfg = dace.SDFG(f"{node.label}_expansion")
+    for name, desc in arrays.items():
+        nsdfg.add_datadesc(name, copy.deepcopy(desc))
+        nsdfg.arrays[name].transient = False
+    return nsdfg, nsdfg.add_state()
+
+
+def _einsum_into(nsdfg: dace.SDFG, nstate: dace.SDFGState, label: str, equation: str, result) -> None:
+    """An ONNX Einsum of ``equation`` over the arrays A and B of ``nsdfg``, writing the access node ``result``."""
+    einsum = ONNXEinsum(label, equation=equation)
+    nstate.add_node(einsum)
+    for k, name in enumerate(("A", "B")):
+        einsum.add_in_connector(f"Inputs__{k}")
+        nstate.add_edge(nstate.add_read(name), None, einsum, f"Inputs__{k}", nsdfg.make_array_memlet(name))
+    nstate.add_edge(einsum, "Output", result, None, nsdfg.make_array_memlet(result.data))
 
 
 @pure_expansion("Gemm", name="dcnb")
@@ -92,22 +101,14 @@ class GemmScaled(ONNXForward):
         added = c is not None and beta == 1 and tuple(c.shape) == tuple(y.shape[len(y.shape) - len(c.shape):])
         if node.alpha == 1 and (c is None or added):
             return PureGemm.forward(node, state, sdfg)
-        nsdfg = dace.SDFG(f"{node.label}_expansion")
-        nstate = nsdfg.add_state()
         arrays = {n: in_desc_with_name(node, state, sdfg, n) for n in ("A", "B")} | {"Y": y}
         if c is not None:  # connected, and read where beta is not 0
             arrays["C"] = c
-        for name, desc in arrays.items():
-            nsdfg.add_datadesc(name, copy.deepcopy(desc))
-            nsdfg.arrays[name].transient = False
+        nsdfg, nstate = _product_sdfg(node, arrays)
         nsdfg.add_transient("product", y.shape, y.dtype)
         a, b = ("ki" if node.transA else "ik"), ("jk" if node.transB else "kj")
-        einsum = ONNXEinsum(f"{node.label}_einsum", equation=f"{a},{b}->ij")
         product = nstate.add_access("product")
-        for k, name in enumerate(("A", "B")):
-            einsum.add_in_connector(f"Inputs__{k}")
-            nstate.add_edge(nstate.add_read(name), None, einsum, f"Inputs__{k}", nsdfg.make_array_memlet(name))
-        nstate.add_edge(einsum, "Output", product, None, nsdfg.make_array_memlet("product"))
+        _einsum_into(nsdfg, nstate, f"{node.label}_einsum", f"{a},{b}->ij", product)
         inputs = {"__p": dace.Memlet("product[i, j]")}
         code = f"__y = {float(node.alpha)!r} * __p"
         if beta:

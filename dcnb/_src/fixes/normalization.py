@@ -110,10 +110,6 @@ class InstanceNormalizationExpansion(ONNXForward):
         return parsed(prog, sdfg, state, node)
 
 
-def _softmax_axis(node, state, sdfg) -> int:
-    return node.axis % len(in_desc_with_name(node, state, sdfg, "input").shape)
-
-
 def _register_softmax(op: str, log: bool) -> None:
     """``op`` over any one axis: DaCe's own expansion where that is the last (what fuse_rows takes apart), else the
     same program over the one axis."""
@@ -122,10 +118,10 @@ def _register_softmax(op: str, log: bool) -> None:
     class Expansion(ONNXForward):
         @staticmethod
         def forward(node, state, sdfg):
-            axis = _softmax_axis(node, state, sdfg)
-            if axis == len(in_desc_with_name(node, state, sdfg, "input").shape) - 1:
+            rank = len(in_desc_with_name(node, state, sdfg, "input").shape)
+            if node.axis % rank == rank - 1:
                 return dace_own.forward(node, state, sdfg)
-            axes = (axis,)
+            axes = (node.axis % rank,)
 
             def softmax(input, output):
                 shifted = input - np.maximum.reduce(input, axis=axes, keepdims=True)
