@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import dcnb
-from dcnb._src import steps, timing
+from dcnb._src import actions, timing
 from dcnb._src.cli import _shape
 
 from common import forward_backward, print_result
@@ -32,7 +32,7 @@ def measure(op: str, shape: tuple[int, ...], budget: float, device: str = "cpu")
     module = make(shape).to(device)
     naive = dcnb.optimize(module, x, baselines=(), time_budget=0.0, device=device)
     best = dcnb.optimize(module, x, baselines=(), time_budget=0.0, device=device)
-    applied = [name for name in RECIPE if device in steps.get(name).devices and best.apply(name).ok]
+    applied = [name for name in RECIPE if device in actions.get(name).devices and best.apply(name).ok]
     upstream = torch.randn(*shape, device=device)
     candidates = {
         "torch_eager": module,

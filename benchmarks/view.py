@@ -28,8 +28,9 @@ from torch import nn
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dcnb._src import graph, passes, program  # noqa: E402
+from dcnb._src import passes, program  # noqa: E402
 from dcnb._src.frontend import import_module  # noqa: E402
+from dcnb._src.views import graph  # noqa: E402
 
 LAYOUT = """
 const { layoutGraph, scopeIds, countNodes, defaultCollapsed } = require(process.argv[1] + '/labextension/lib-test/layout.js');
@@ -130,7 +131,7 @@ def resnet_pictures() -> dict:
 # and cached), whose `graphs` then hold the large pictures, as the view would get them from that model's session.
 BROWSER_CELLS = [
     (
-        "import json, torch, dcnb\nfrom torch import nn\nfrom dcnb._src.widget import SessionWidget\n"
+        "import json, torch, dcnb\nfrom torch import nn\nfrom dcnb._src.views.widget import SessionWidget\n"
         "session = dcnb.optimize(nn.Tanh(), torch.rand(2, 8), baselines=('torch',), time_budget=0.1)"
     ),
     "view = SessionWidget(session, variable='view')\nview.graphs = json.load(open('pictures.json'))\nview",

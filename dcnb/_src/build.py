@@ -1,29 +1,23 @@
 """SDFGs -> loaded binaries, cached by content, each compile started as soon as its SDFG is given, side by side.
 
-Each compile runs in a forked process leading a process group of its own, so that a compile that hangs, an
-interrupt or a failing sibling stops it with everything it started (cmake, ninja, the compiler). A build folder is
-marked finished by its checksum file, written last; one without it, or whose libraries no longer match it, is built
-again, never loaded. A lock per key lets one process build it while another waits and then loads it.
+Each compile runs in a forked process leading a process group of its own (``forked.Child``), so that a compile
+that hangs, an interrupt or a failing sibling stops it with everything it started (cmake, ninja, the compiler). A
+build folder is marked finished by its checksum file, written last; one without it, or whose libraries no longer
+match it, is built again, never loaded. A lock per key lets one process build it while another waits and then loads it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
 import dataclasses
 import os
 import pathlib
-import pickle
 import re
 import shutil
-import signal
-import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import NoReturn
 
 import cmake
 import dace
@@ -36,8 +30,9 @@ from dace.config import Config, temporary_config
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
 
-from . import blas, cache, events, passes, vecmath
-from .errors import CompileError, DcnbError, describe, first_line
+from . import blas, cache, events, forked, native, passes
+from .errors import CompileError, DcnbError, first_line
+from .passes import vecmath
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
 _loaded: dict[str, CompiledSDFG] = {}
@@ -104,7 +99,7 @@ def _configure(device: str, cuda_arch: str | None) -> None:
     Config.set("compiler", "allow_view_arguments", value=True)
     Config.set("debugprint", value=False)
     if device == "cuda":
-        put_first_on_path(cmake.CMAKE_BIN_DIR)
+        forked.put_first_on_path(cmake.CMAKE_BIN_DIR)
         if cuda_arch:
             Config.set("compiler", "cuda", "cuda_arch", value=cuda_arch)
         # DaCe launches on streams of its own that do not wait for PyTorch's (non-blocking): a kernel could read
@@ -145,20 +140,12 @@ def _wide_vectors() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
-def put_first_on_path(folder: str) -> None:
-    """Builders run the tools they find on PATH: DaCe's CUDA build needs a newer ``cmake`` than Debian 12's (the
-    wheel's), PyTorch's extension builder a ``ninja`` (the wheel's, where the system has none)."""
-    paths = os.environ.get("PATH", "").split(os.pathsep)
-    if paths[0] != folder:
-        os.environ["PATH"] = os.pathsep.join([folder, *(p for p in paths if p != folder)])
-
-
 def _flags(args: str, device: str) -> dict[str, str]:
     # the architecture only in CUDA builds' keys: CPU builds keep theirs, and the binaries cached under them
     arch = {"cuda.arch": _cuda_arch()} if device == "cuda" else {}
     return {
         **arch,
-        "entry": ENTRY_VERSION,
+        "entry": native.ENTRY_VERSION,
         "cpu.args": Config.get("compiler", "cpu", "args") + args,
         "cpu.libs": Config.get("compiler", "cpu", "libs"),
         "cuda.args": Config.get("compiler", "cuda", "args"),
@@ -221,7 +208,7 @@ def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, args: str) -> bo
     libraries' checksums; unless another process built it meanwhile (it holds the folder's lock while it builds).
     True when it built."""
     folder = _folder(key, sdfg)
-    _entering("waiting for the lock of its build folder")
+    forked.entering("waiting for the lock of its build folder")
     with cache.writing(), cache.locked([folder]):
         if _on_disk(sdfg, key):
             return False
@@ -233,11 +220,11 @@ def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, args: str) -> bo
 
 
 def _generate_and_compile(sdfg: dace.SDFG, key: str, device: str, args: str) -> None:
-    _entering("generating its code")
+    forked.entering("generating its code")
     folder = _generate(sdfg, key, device)
-    _entering("building DaCe's precompiled header")
+    forked.entering("building DaCe's precompiled header")
     _precompile_header(folder, args)
-    _entering("compiling its code")
+    forked.entering("compiling its code")
     _compile_folder(folder, sdfg.name, args)
 
 
@@ -250,7 +237,7 @@ def _generate(sdfg: dace.SDFG, key: str, device: str) -> str:
     except Exception as e:
         raise CompileError(f"DaCe could not generate code for {sdfg.name}: {first_line(e)}", log=str(e)) from e
     frame = next(o for o in objects if o.name == sdfg.name and o.title == "Frame")
-    frame.code += _entry(sdfg)
+    frame.code += native.entry_code(sdfg)
     # DaCe writes a gzip of the SDFG's JSON beside the code (program.sdfgz: 14 of a ResNet-18 naive step's
     # 104 s), which dcnb never reads (it loads binaries with the SDFG in hand); without the SDFG it writes all else
     # but the header the code includes for the SDFG's hash, which gets the build's key (a hash of the SDFG and more)
@@ -259,33 +246,6 @@ def _generate(sdfg: dace.SDFG, key: str, device: str) -> str:
     header.parent.mkdir(exist_ok=True)
     header.write_text(f'#define __HASH_{sdfg.name} "{key}"\n')
     return folder
-
-
-#: in every build's key: a change to ``_entry``'s code must not reuse binaries built without it (2: CUDA builds too)
-ENTRY_VERSION = "2"
-
-
-def entry_name(sdfg: dace.SDFG) -> str:
-    return f"__dcnb_call_{sdfg.name}"
-
-
-def _entry(sdfg: dace.SDFG) -> str:
-    """An exported ``__dcnb_call_<name>(state, args)`` taking the program's arguments as an array of pointers, a
-    scalar's to its value: one C signature for every program, which native.cpp calls without knowing its types
-    (values such as floats go in other registers than pointers do)."""
-    arglist = sdfg.arglist()
-    names = sdfg.signature_arglist(with_types=False, arglist=arglist)
-    if not all(isinstance(arglist[n], (dace.data.Array, dace.data.Scalar)) for n in names):
-        return ""  # streams, structures: called from Python
-    args = [
-        f"*({arglist[n].dtype.ctype} *)args[{i}]" if isinstance(arglist[n], dace.data.Scalar)
-        else f"({arglist[n].dtype.ctype} *)args[{i}]"
-        for i, n in enumerate(names)
-    ]
-    return (
-        f"\nDACE_EXPORTED void {entry_name(sdfg)}({sdfg.name}_state_t *state, void *const *args) {{\n"
-        f"    __program_{sdfg.name}({', '.join(['state', *args])});\n}}\n"
-    )
 
 
 def _precompile_header(folder: str, args: str) -> None:
@@ -332,7 +292,7 @@ class _Compiles:
 
     def __init__(self, limit: float):
         self._limit = limit
-        self._children: dict[str, _Child] = {}
+        self._children: dict[str, forked.Child] = {}
         self._deadlines: dict[str, float] = {}  # time.monotonic() values
 
     def __enter__(self) -> _Compiles:
@@ -341,8 +301,8 @@ class _Compiles:
     def start(self, name: str, fn: Callable, *args) -> None:
         if name in self._children:
             return  # the same SDFG given twice is built once
-        with _interrupts_deferred():  # an interrupt between a fork and its record here would leave a child unstopped
-            self._children[name] = _Child(fn, *args)
+        with forked.interrupts_deferred():  # an interrupt between a fork and its record here would leave a child unstopped
+            self._children[name] = forked.Child(fn, *args)
         self._deadlines[name] = time.monotonic() + self._limit
 
     def wait(self) -> dict[str, object]:
@@ -351,7 +311,10 @@ class _Compiles:
         while pending:
             for name in [n for n in sorted(pending) if self._children[n].done()]:
                 pending.discard(name)
-                results[name] = self._children[name].result()
+                try:
+                    results[name] = self._children[name].result()
+                except forked.Lost as e:
+                    raise CompileError(f"the compile process {e}") from None
             late = [n for n in sorted(pending) if time.monotonic() > self._deadlines[n]]
             if late:
                 named = [f"{n} ({self._children[n].stage()})" if self._children[n].stage() else n for n in late]
@@ -364,123 +327,11 @@ class _Compiles:
         return results
 
     def __exit__(self, *exc) -> None:
-        with _interrupts_deferred():  # a second interrupt while stopping them must not leave one running
+        with forked.interrupts_deferred():  # a second interrupt while stopping them must not leave one running
             for child in self._children.values():
                 child.kill()
             for child in self._children.values():
                 child.reap()
-
-
-@contextlib.contextmanager
-def _interrupts_deferred():
-    """Hold back an interrupt (SIGINT, Ctrl-C) that comes during the block and deliver it at its end; on the main
-    thread only, the one Python delivers signals to."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = []
-    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            signal.raise_signal(signal.SIGINT)  # now handled as it would have been (KeyboardInterrupt, by default)
-
-
-class _Child:
-    """``fn(*args)`` in a forked process leading a process group of its own, so that it and every process it
-    starts (cmake, ninja, the compiler) are killed together. Its result or exception comes back pickled."""
-
-    def __init__(self, fn: Callable, *args):
-        # a file, not a pipe: a long compiler log cannot block the child (closed in reap)
-        self._outcome = tempfile.TemporaryFile()  # noqa: SIM115
-        self._stage = tempfile.TemporaryFile()  # noqa: SIM115
-        self.status: int | None = None
-        parent = os.getpid()
-        self.pid = os.fork()
-        if self.pid == 0:
-            _child(parent, self._outcome, self._stage, fn, args)
-        with contextlib.suppress(OSError):
-            os.setpgid(self.pid, self.pid)  # here too, as shells do: a kill right after the fork finds the group
-
-    def done(self) -> bool:
-        if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.status = status
-        return self.status is not None
-
-    def result(self) -> object:
-        self._outcome.seek(0)
-        data = self._outcome.read()
-        if not data:
-            ended = f"signal {os.WTERMSIG(self.status)}" if os.WIFSIGNALED(self.status) else "no result"
-            raise CompileError(f"the compile process ended without a result ({ended})")
-        kind, value = pickle.loads(data)
-        if kind == "error":
-            raise value
-        return value
-
-    def stage(self) -> str:
-        """What the process said it was doing last (``_entering``), empty if nothing."""
-        self._stage.seek(0)
-        return self._stage.read().decode()
-
-    def kill(self) -> None:
-        if self.status is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
-
-    def reap(self) -> None:
-        if self.status is None:
-            _, self.status = os.waitpid(self.pid, 0)
-        self._outcome.close()
-        self._stage.close()
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have Linux signal this process when the thread that forked it ends, and stop the whole process group then: a
-    Python killed outright (a kernel restarted) leaves no compile running on."""
-    with contextlib.suppress(Exception):
-        signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent ended before the call
-            os.killpg(0, signal.SIGKILL)
-
-
-#: in a forked process: the file in which ``_entering`` says what it is doing (its parent names it if it is late)
-_stage_file = None
-
-
-def _entering(stage: str) -> None:
-    if _stage_file is not None:
-        _stage_file.seek(0)
-        _stage_file.truncate()
-        _stage_file.write(stage.encode())
-        _stage_file.flush()
-
-
-def _child(parent: int, outcome, stage, fn: Callable, args: tuple) -> NoReturn:
-    """The forked process: run ``fn``, write ``("ok", result)`` or ``("error", exception)`` and exit, never
-    returning into the caller's code."""
-    global _stage_file
-    _stage_file = stage
-    try:
-        os.setpgid(0, 0)
-        _die_with_parent(parent)
-        try:
-            result = ("ok", fn(*args))
-        except BaseException as e:  # noqa: BLE001 -- every outcome goes back to the parent
-            result = ("error", e)
-        try:
-            data = pickle.dumps(result)
-        except Exception as e:  # noqa: BLE001 -- an exception that does not pickle comes back as its description
-            data = pickle.dumps(("error", RuntimeError(describe(result[1] if result[0] == "error" else e))))
-        outcome.write(data)
-        outcome.flush()
-    finally:
-        os._exit(0)
 
 
 def _compiler_error(log: str) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 import dace
 
-from . import fixes, reductions
+from . import fixes
 from .errors import CacheError
 from .version import VERSION
 
@@ -64,8 +64,8 @@ def _fixes_digest() -> str:
     """The expansions dcnb registers with DaCe decide the code of library nodes at code generation, after the SDFG
     was hashed: a change to them must not reuse a binary built with the old ones."""
     digest = hashlib.sha256()
-    for module in fixes.FAMILIES + (fixes.cpp, fixes.programs, fixes.registry, reductions):
-        digest.update(pathlib.Path(module.__file__).read_bytes())
+    for source in sorted(pathlib.Path(fixes.__file__).parent.glob("*.py")):  # every family and its helpers
+        digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
 

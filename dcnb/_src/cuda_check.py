@@ -2,7 +2,7 @@
 CUDA shows up before anyone rents a GPU, and the CPU result does not wait for it.
 
 DaCe's code generation is not thread-safe and changes its global configuration, so each build runs in a process of
-its own (build.py's forked child, leading its process group). It is forked when its step is made, on the thread
+its own (forked.Child, leading its process group). It is forked when its step is made, on the thread
 that applies steps (forking while that thread is inside DaCe could copy a lock it holds), and then waits on a pipe
 until a thread of the session gives it its turn: one build at a time, at a lower priority, so that queued builds do
 not crowd the cores the steps are compiled and timed on. It goes through ``build.build(..., "cuda")`` as a step on a
@@ -25,6 +25,7 @@ import dace
 import torch
 
 from . import build as builder
+from . import forked
 from .errors import CompileError, DcnbError, InputError, describe, first_line
 
 #: the architectures one names (Ampere, its consumer parts, Ada, Hopper), as the numbers DaCe's CMake build takes
@@ -133,7 +134,7 @@ class CudaBuild:
 
 @dataclasses.dataclass(frozen=True)
 class _Job:
-    child: builder._Child
+    child: forked.Child
     #: the pipe's end that gives the child its turn
     go: int
     status: CudaBuild
@@ -159,7 +160,7 @@ class Builds:
         status = CudaBuild(self.arch)
         wait, go = os.pipe()
         try:
-            child = builder._Child(_build, wait, go, sdfgs, self.arch)
+            child = forked.Child(_build, wait, go, sdfgs, self.arch)
         except OSError as e:  # no process to be had: the step stands all the same
             os.close(go)
             return CudaBuild(self.arch, FAILED, f"could not start its process: {e}")
@@ -222,6 +223,8 @@ class Builds:
             seconds = job.child.result()
         except CompileError as e:
             job.status._end(FAILED, reason=first_line(e), log=e.log or None)
+        except forked.Lost as e:
+            job.status._end(FAILED, reason=f"the compile process {e}")
         except Exception as e:  # noqa: BLE001 -- every failure of the build is its outcome, never the thread's end
             text = str(e)
             job.status._end(FAILED, reason=first_line(describe(e)), log=text if "\n" in text.strip() else None)

@@ -1,15 +1,17 @@
 """Symbolics for aten ops that PyTorch's TorchScript ONNX exporter cannot export (or refuses with these arguments),
 written as standard ONNX ops that DaCe (with dcnb's fixes) imports and differentiates.
 
-They are registered with ``torch.onnx.register_custom_op_symbolic`` at the export's opset, where a custom symbolic
-takes precedence over PyTorch's own. Two more, ``detach``'s and ``embedding``'s, mark where gradients stop with an op
-of dcnb's own domain, and hold only during dcnb's exports (``stopping_gradients``).
+Each registers with ``@symbolic(op)`` beside it, and ``register`` hands them to ``register_custom_op_symbolic`` at
+the export's opset, where a custom symbolic takes precedence over PyTorch's own. Two more, ``detach``'s and
+``embedding``'s, mark where gradients stop with an op of dcnb's own domain, and hold only during dcnb's exports
+(``stopping_gradients``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import string
+from collections.abc import Callable
 
 import torch
 from onnx import TensorProto
@@ -19,33 +21,31 @@ from torch.onnx import errors, symbolic_helper
 _REDUCTIONS = ("none", "mean", "sum")
 _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
 
+#: aten op -> its symbolic, registered for every export (``register``)
+_RULES: dict[str, Callable] = {}
+#: aten op -> its symbolic that stops gradients, registered during dcnb's exports only (``stopping_gradients``)
+_STOPPING: dict[str, Callable] = {}
 
-_RULES = (
-    ("aten::l1_loss", "l1_loss"),
-    ("aten::smooth_l1_loss", "smooth_l1_loss"),
-    ("aten::huber_loss", "huber_loss"),
-    ("aten::rms_norm", "rms_norm"),
-    ("aten::cross_entropy_loss", "cross_entropy_loss"),
-    ("aten::bilinear", "bilinear"),
-    ("aten::diff", "diff"),
-    ("aten::cumsum", "cumsum"),
-    ("aten::einsum", "einsum"),
-    ("aten::matmul", "matmul"),
-    ("aten::dot", "dot"),
-    ("aten::lstm", "lstm"),
-    ("aten::gru", "gru"),
-    ("aten::rnn_tanh", "rnn_tanh"),
-    ("aten::rnn_relu", "rnn_relu"),
-    ("aten::one_hot", "one_hot"),
-)
+
+def symbolic(op: str, stops_gradients: bool = False) -> Callable[[Callable], Callable]:
+    """Register the decorated function as ``op``'s symbolic (put it above ``parse_args``, which wraps it)."""
+    table = _STOPPING if stops_gradients else _RULES
+
+    def add(function: Callable) -> Callable:
+        if op in table:
+            raise ValueError(f"two symbolics for {op}: {table[op].__name__} and {function.__name__}")
+        table[op] = function
+        return function
+
+    return add
 
 
 def register(opset: int) -> None:
     """Register the symbolics for exports at ``opset`` (at least 18: reductions take their axes as an input). They
     stay registered: PyTorch's exporter fails with a ValueError on an op whose symbolics were all unregistered, where
     it refused the op with its reason before; the user's own exports of these ops now succeed too."""
-    for name, function in _RULES:
-        torch.onnx.register_custom_op_symbolic(name, globals()[function], opset)
+    for name, function in _RULES.items():
+        torch.onnx.register_custom_op_symbolic(name, function, opset)
 
 
 #: the op ``detach`` exports to, in dcnb's own domain
@@ -54,23 +54,20 @@ DOMAIN, STOP_GRADIENT_OP = "dcnb", "StopGradient"
 STOP_GRADIENT = "dcnb_stop_gradient"
 
 
-#: the symbolics that stop gradients, registered during dcnb's exports only
-_STOPPING = (("aten::detach", "_stop_gradient"), ("aten::embedding", "_embedding"))
-
-
 @contextlib.contextmanager
 def stopping_gradients(opset: int):
     """``x.detach()`` and an embedding's padding row exported with dcnb's StopGradient for the duration; afterwards
     the user's own exports get PyTorch's symbolics again."""
-    for name, function in _STOPPING:
-        torch.onnx.register_custom_op_symbolic(name, globals()[function], opset)
+    for name, function in _STOPPING.items():
+        torch.onnx.register_custom_op_symbolic(name, function, opset)
     try:
         yield
     finally:
-        for name, _ in _STOPPING:
+        for name in _STOPPING:
             torch.onnx.unregister_custom_op_symbolic(name, opset)
 
 
+@symbolic("aten::detach", stops_gradients=True)
 def _stop_gradient(g, input):
     # gap: PyTorch exports x.detach() as x itself, and autodiff differentiated through it (``y - y.detach().mean()``,
     # a straight-through estimator)
@@ -79,6 +76,7 @@ def _stop_gradient(g, input):
     return output
 
 
+@symbolic("aten::embedding", stops_gradients=True)
 @symbolic_helper.parse_args("v", "v", "i", "b", "b")
 def _embedding(g, weight, indices, padding_idx: int, scale_grad_by_freq: bool, sparse: bool):
     # gap: PyTorch exports an embedding as a plain Gather, which has no padding row: the padding tokens' gradients
@@ -116,6 +114,7 @@ def _reduce(g, loss, reduction: int):
     return g.op("ReduceMean" if kind == "mean" else "ReduceSum", loss, keepdims_i=0)
 
 
+@symbolic("aten::l1_loss")
 @symbolic_helper.parse_args("v", "v", "i")
 def l1_loss(g, input, target, reduction: int):
     # gap: PyTorch cannot export aten::l1_loss (F.l1_loss, nn.L1Loss)
@@ -135,18 +134,21 @@ def _huber(g, input, target, reduction: int, delta: float, scale: float):
     return _reduce(g, g.op("Where", inside, square, linear), reduction)
 
 
+@symbolic("aten::smooth_l1_loss")
 @symbolic_helper.parse_args("v", "v", "i", "f")
 def smooth_l1_loss(g, input, target, reduction: int, beta: float):
     # gap: PyTorch cannot export aten::smooth_l1_loss (F.smooth_l1_loss, nn.SmoothL1Loss)
     return _huber(g, input, target, reduction, beta, 1.0)
 
 
+@symbolic("aten::huber_loss")
 @symbolic_helper.parse_args("v", "v", "i", "f")
 def huber_loss(g, input, target, reduction: int, delta: float):
     # gap: PyTorch cannot export aten::huber_loss (F.huber_loss, nn.HuberLoss)
     return _huber(g, input, target, reduction, delta, delta)
 
 
+@symbolic("aten::rms_norm")
 @symbolic_helper.parse_args("v", "is", "v", "f")
 def rms_norm(g, input, normalized_shape: list[int], weight, eps: float | None):
     # gap: PyTorch cannot export aten::rms_norm (nn.RMSNorm, F.rms_norm) at opset 18
@@ -158,6 +160,7 @@ def rms_norm(g, input, normalized_shape: list[int], weight, eps: float | None):
     return normalized if weight.node().mustBeNone() else g.op("Mul", normalized, weight)
 
 
+@symbolic("aten::cross_entropy_loss")
 @symbolic_helper.parse_args("v", "v", "v", "i", "i", "f")
 def cross_entropy_loss(g, scores, target, weight, reduction: int, ignore_index: int, label_smoothing: float):
     # gap: PyTorch's exporter refuses cross_entropy's label_smoothing ("ONNX does not support label_smoothing")
@@ -210,6 +213,7 @@ def _label_smoothing(g, scores, target, weight, reduction: int, ignore_index: in
     return g.op("Div", total, g.op("ReduceSum", count, keepdims_i=0))
 
 
+@symbolic("aten::bilinear")
 def bilinear(g, input1, input2, weight, bias):
     # gap: PyTorch cannot export aten::bilinear (nn.Bilinear): y[..., o] = x1[..., i] W[o, i, j] x2[..., j] + b[o],
     # written as one matrix product of x1 with W laid out (i, o * j), then a product with x2 summed over j
@@ -229,6 +233,7 @@ def bilinear(g, input1, input2, weight, bias):
     return g.op("Reshape", result, g.op("Concat", leading, _axes(g, [out]), axis_i=0))
 
 
+@symbolic("aten::diff")
 @symbolic_helper.parse_args("v", "i", "i", "v", "v")
 def diff(g, input, n: int, dim: int, prepend, append):
     # gap: PyTorch cannot export aten::diff (torch.diff; transformers' masks look for packed sequences with it)
@@ -243,6 +248,7 @@ def diff(g, input, n: int, dim: int, prepend, append):
     return x
 
 
+@symbolic("aten::one_hot")
 @symbolic_helper.parse_args("v", "i")
 def one_hot(g, input, num_classes: int):
     # gap: PyTorch exports F.one_hot as ONNX's OneHot, which DaCe lacks and whose depth, an input, leaves its shape
@@ -256,6 +262,7 @@ def one_hot(g, input, num_classes: int):
     return g.op("Cast", equal, to_i=TensorProto.INT64)
 
 
+@symbolic("aten::cumsum")
 @symbolic_helper.parse_args("v", "i", "none")
 def cumsum(g, input, dim: int, dtype):
     # gap: PyTorch exports the running sum of booleans (or of narrower integers) as a CumSum of that type, which ONNX
@@ -268,6 +275,7 @@ def cumsum(g, input, dim: int, dtype):
     return g.op("CumSum", input, g.op("Constant", value_t=torch.tensor(dim, dtype=torch.int64)))
 
 
+@symbolic("aten::matmul")
 @symbolic_helper.parse_args("v", "v")
 def matmul(g, a, b):
     # gap: DaCe's MatMul gives batch axes one letter in its Einsum, so a batch axis of size 1 against more
@@ -283,12 +291,14 @@ def matmul(g, a, b):
     return g.op("MatMul", a, b)
 
 
+@symbolic("aten::dot")
 @symbolic_helper.parse_args("v", "v")
 def dot(g, a, b):
     # gap: PyTorch exports torch.dot as a MatMul of two vectors, which DaCe's MatMul refuses
     return _einsum(g, "i,i->", [a, b])
 
 
+@symbolic("aten::einsum")
 @symbolic_helper.parse_args("s", "v", "is")
 def einsum(g, equation: str, tensor_list, path=None):
     return _einsum(g, equation, symbolic_helper._unpack_list(tensor_list))
@@ -412,18 +422,22 @@ def _written_out(equation: str, shapes: list) -> tuple[list[str], str]:
 # with the weights are one matrix product for all steps; each step adds the hidden state's product.
 
 
+@symbolic("aten::lstm")
 def lstm(g, input, hidden, weights, *flags):
     return _rnn(g, "LSTM", input, symbolic_helper._unpack_list(hidden), weights, flags)
 
 
+@symbolic("aten::gru")
 def gru(g, input, hidden, weights, *flags):
     return _rnn(g, "GRU", input, [hidden], weights, flags)
 
 
+@symbolic("aten::rnn_tanh")
 def rnn_tanh(g, input, hidden, weights, *flags):
     return _rnn(g, "Tanh", input, [hidden], weights, flags)
 
 
+@symbolic("aten::rnn_relu")
 def rnn_relu(g, input, hidden, weights, *flags):
     return _rnn(g, "Relu", input, [hidden], weights, flags)
 

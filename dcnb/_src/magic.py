@@ -21,7 +21,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from torch import nn
 
-from . import cuda_check, formatters, probe
+from . import cuda_check, probe
+from .views import formatters
 from .errors import CompileError, DcnbError, InputError, describe
 from .recipe import Entry
 from .recipe import parse as parse_recipe
@@ -128,7 +129,7 @@ def _build(
     **options: Any,
 ) -> None:
     from .session import optimize
-    from .widget import Progress, SessionWidget
+    from .views.widget import Progress, SessionWidget
 
     line = _ProgressLine(name)
     progress = Progress(line)
@@ -307,7 +308,7 @@ def _recipe(path: str) -> list[Entry]:
         entries = parse_recipe(data)
     except DcnbError as e:
         raise UsageError(f"--recipe {path} is not a recipe: {e}.") from None
-    from .steps import REGISTRY  # (imports DaCe: not before a recipe is asked for)
+    from .actions import REGISTRY  # (imports DaCe: not before a recipe is asked for)
 
     for i, entry in enumerate(entries):
         if entry.name not in REGISTRY:

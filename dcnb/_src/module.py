@@ -15,7 +15,6 @@ from dace.codegen.compiled_sdfg import CompiledSDFG
 from torch import nn
 
 from . import dace_internals, memory, native, structure
-from .build import entry_name
 from .errors import InputError
 from .frontend import Imported
 from .passes.gradient_writes import overwritten
@@ -125,7 +124,7 @@ class Runner:
         calls = [c for c in (self._forward_call, self._backward_call) if c is not None]
         if not all(c.direct for c in calls):  # (and their initialization would take the symbols' values)
             return None
-        entries = [_entry(c.binary) for c in calls]
+        entries = [native.entry(c.binary) for c in calls]
         if None in entries:
             return None
         n, n_out = len(self.names), len(self.outputs)
@@ -242,15 +241,6 @@ def _serial(binary: CompiledSDFG) -> threading.Lock:
 
 # where native.cpp finds an argument (its enum Kind)
 _INPUT, _OUTPUT, _STORED, _UPDATE, _CONSTANT, _SAVED, _OUTPUT_GRAD, _GRAD = range(8)
-
-
-def _entry(binary: CompiledSDFG) -> tuple[int, int] | None:
-    """The address of a binary's entry for native.cpp (build.py's ``_entry``) and its state, initialized as
-    ``fast_call`` would on a first call (a program without symbols takes no initialization arguments)."""
-    entry = binary.get_exported_function(entry_name(binary.sdfg))
-    if entry is None:
-        return None
-    return ctypes.cast(entry, ctypes.c_void_p).value, dace_internals.initialized_state(binary)
 
 
 def _one_element(value) -> torch.Tensor:

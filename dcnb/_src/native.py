@@ -27,13 +27,59 @@ import types
 import warnings
 from typing import TYPE_CHECKING
 
+import dace
 import torch
+
+from . import dace_internals, forked
 
 if TYPE_CHECKING:
     from dace.codegen.compiled_sdfg import CompiledSDFG
 
 
 _SOURCE = pathlib.Path(__file__).with_name("native.cpp")
+
+
+# --- the entry every binary exports for native.cpp --------------------------------------------------------------
+
+
+#: in every build's key: a change to ``entry_code``'s code must not reuse binaries built without it (2: CUDA builds too)
+ENTRY_VERSION = "2"
+
+
+def entry_name(sdfg: dace.SDFG) -> str:
+    return f"__dcnb_call_{sdfg.name}"
+
+
+def entry_code(sdfg: dace.SDFG) -> str:
+    """An exported ``__dcnb_call_<name>(state, args)`` taking the program's arguments as an array of pointers, a
+    scalar's to its value: one C signature for every program, which native.cpp calls without knowing its types
+    (``entry``)
+    (values such as floats go in other registers than pointers do)."""
+    arglist = sdfg.arglist()
+    names = sdfg.signature_arglist(with_types=False, arglist=arglist)
+    if not all(isinstance(arglist[n], (dace.data.Array, dace.data.Scalar)) for n in names):
+        return ""  # streams, structures: called from Python
+    args = [
+        f"*({arglist[n].dtype.ctype} *)args[{i}]" if isinstance(arglist[n], dace.data.Scalar)
+        else f"({arglist[n].dtype.ctype} *)args[{i}]"
+        for i, n in enumerate(names)
+    ]
+    return (
+        f"\nDACE_EXPORTED void {entry_name(sdfg)}({sdfg.name}_state_t *state, void *const *args) {{\n"
+        f"    __program_{sdfg.name}({', '.join(['state', *args])});\n}}\n"
+    )
+
+
+def entry(binary: CompiledSDFG) -> tuple[int, int] | None:
+    """The address of a binary's entry (``entry_code``) and its state, initialized as ``fast_call`` would on a first
+    call (a program without symbols takes no initialization arguments); None where it has none."""
+    found = binary.get_exported_function(entry_name(binary.sdfg))
+    if found is None:
+        return None
+    return ctypes.cast(found, ctypes.c_void_p).value, dace_internals.initialized_state(binary)
+
+
+# --- the extension ----------------------------------------------------------------------------------------------
 
 
 def calls() -> bool:
@@ -112,10 +158,8 @@ def _build() -> types.ModuleType:
     import ninja
     from torch.utils import cpp_extension
 
-    from .build import put_first_on_path
-
     if shutil.which("ninja") is None:
-        put_first_on_path(ninja.BIN_DIR)
+        forked.put_first_on_path(ninja.BIN_DIR)
     source = _SOURCE.read_bytes()
     key = hashlib.sha256(
         b"\n".join([source, torch.__version__.encode(), sys.version.encode(), platform.machine().encode()])

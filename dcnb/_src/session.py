@@ -18,7 +18,7 @@ from torch import nn
 
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import cuda_check, events, graph, native, passes, probe, program, steps, structure, timing, verify, workdir
+from . import actions, cuda_check, diff, events, native, passes, probe, program, structure, timing, verify, workdir
 from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
@@ -232,13 +232,13 @@ class Session:
 
     # --- actions --------------------------------------------------------------------------------------------------
 
-    def actions(self, where: Iterable[str] | None = None) -> list[steps.Action]:
+    def actions(self, where: Iterable[str] | None = None) -> list[actions.Action]:
         """The transformations on offer now, each with how many places it matches (``matches``; 0: not
         applicable) and, where it can list them, those places (``at``, as ``places`` lists them)."""
         where = None if where is None else tuple(where)
         state = self._states[-1]
         offers = []
-        for action in steps.REGISTRY.values():
+        for action in actions.REGISTRY.values():
             if self.device not in action.devices:
                 continue
             at = self._places(action, where)
@@ -250,18 +250,18 @@ class Session:
             offers.append(dataclasses.replace(action, matches=matches, at=None if at is None else tuple(at)))
         return offers
 
-    def places(self, name: str, where: Iterable[str] | None = None) -> list[steps.Place]:
+    def places(self, name: str, where: Iterable[str] | None = None) -> list[actions.Place]:
         """Where action ``name`` applies now, one place at a time: ``Place(side, labels, guids)``, the side
         ("forward" or "backward"), the labels of the nodes it binds there (``apply(name, where=place.labels)``
         applies it there, and a recipe keeps them) and the guids of those nodes in the current picture of that
         side (``forward_sdfg``/``backward_sdfg``: nodes sharing a label are told apart). Empty for an action that
         acts on a whole SDFG only."""
-        action = steps.get(name)
+        action = actions.get(name)
         if self.device not in action.devices:
             return []
         return self._places(action, None if where is None else tuple(where)) or []
 
-    def _places(self, action: steps.Action, where: tuple[str, ...] | None) -> list[steps.Place] | None:
+    def _places(self, action: actions.Action, where: tuple[str, ...] | None) -> list[actions.Place] | None:
         if action.places is None:
             return None
         state = self._states[-1]
@@ -275,16 +275,16 @@ class Session:
             except Exception:  # as for counts: a matcher that crashes offers nothing rather than breaking the menu
                 continue
             # the SDFG searched is not the one drawn (the build passes work on a copy, autodiff on another)
-            drawn = graph.counterparts(sdfg, shown) if bound else {}
+            drawn = diff.counterparts(sdfg, shown) if bound else {}
             found.extend(
-                steps.Place(side, b.labels, tuple(dict.fromkeys(drawn[n] for n in b.nodes if n in drawn)))
+                actions.Place(side, b.labels, tuple(dict.fromkeys(drawn[n] for n in b.nodes if n in drawn)))
                 for b in bound
             )
         return found
 
     def apply(self, name: str, where: Iterable[str] | None = None, **options: Any) -> Step:
         """Apply an action, compile, check against PyTorch and time. A failed step is recorded and rolled back."""
-        action = steps.get(name)
+        action = actions.get(name)
         if self.device not in action.devices:
             raise DcnbError(f"{name} is offered on {', '.join(action.devices)} only; this session runs on {self.device}")
         applied = Entry(name, dict(options), None if where is None else tuple(where))
@@ -350,13 +350,13 @@ class Session:
         self._report(message)
 
     def _advance(self, state: _State, applied: Entry, index: int) -> _State:
-        action = steps.get(applied.name)
+        action = actions.get(applied.name)
         if action.before_autodiff:
             pre = copy.deepcopy(state.pre)
             count = _run(action, pre, applied, self.device)
             check(count, f"{applied.name} matches nothing in the forward SDFG")
-            before = tuple(a for a in state.applied if steps.get(a.name).before_autodiff)
-            after = tuple(a for a in state.applied if not steps.get(a.name).before_autodiff)
+            before = tuple(a for a in state.applied if actions.get(a.name).before_autodiff)
+            after = tuple(a for a in state.applied if not actions.get(a.name).before_autodiff)
             return self._make_state(pre, (*before, applied), index, count, replay=after)
         prog = dataclasses.replace(
             state.sdfgs, forward=copy.deepcopy(state.sdfgs.forward), backward=copy.deepcopy(state.sdfgs.backward)
@@ -392,7 +392,7 @@ class Session:
             warnings.simplefilter("ignore")
             prog = program.differentiate(pre, self._imported, self._wrt() if self.backward else [])
             for entry in replay:
-                action = steps.get(entry.name)
+                action = actions.get(entry.name)
                 if sum(_run(action, s, entry, self.device, strict=False) for s in _sides(prog)):
                     kept.append(entry)
                 else:
@@ -596,7 +596,7 @@ def _sides(prog: Program) -> list[dace.SDFG]:
     return [s for s in (prog.forward, prog.backward) if s is not None]
 
 
-def _run(action: steps.Action, sdfg: dace.SDFG, applied: Entry, device: str, strict: bool = True) -> int:
+def _run(action: actions.Action, sdfg: dace.SDFG, applied: Entry, device: str, strict: bool = True) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if not strict and action.count(sdfg, applied.where, applied.options) == 0:
@@ -604,14 +604,14 @@ def _run(action: steps.Action, sdfg: dace.SDFG, applied: Entry, device: str, str
         return action.run(sdfg, applied.where, applied.options, device)
 
 
-def _why_not(action: steps.Action, prog: Program, applied: Entry) -> str:
+def _why_not(action: actions.Action, prog: Program, applied: Entry) -> str:
     if action.why_not is None:
         return ""
     reasons = [r for s in _sides(prog) for r in action.why_not(s, applied.where, applied.options)]
     return f" ({'; '.join(reasons)})" if reasons else ""
 
 
-def _safe_count(action: steps.Action, sdfg: dace.SDFG, where, options) -> int:
+def _safe_count(action: actions.Action, sdfg: dace.SDFG, where, options) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

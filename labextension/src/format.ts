@@ -1,4 +1,4 @@
-// What the session widget's traits hold (dcnb/_src/widget.py), and the one-line summary of a step. Pure code,
+// What the session widget's traits hold (dcnb/_src/views/widget.py), and the one-line summary of a step. Pure code,
 // tested under node.
 import { Picture } from './layout';
 import { TableData } from './tables';

@@ -1,4 +1,4 @@
-// The SDFG pictures the kernel sends (dcnb/_src/graph.py) and their layout, scope by scope, with dagre.
+// The SDFG pictures the kernel sends (dcnb/_src/views/graph.py) and their layout, scope by scope, with dagre.
 //
 // Like DaCe's SDFV, each map scope and each nested SDFG is laid out on its own and then placed as one box in its
 // parent, so a collapsed one costs one node and its body is never laid out. Pure code: no DOM, tested under node.

@@ -1,4 +1,4 @@
-// SessionModel / SessionView: the session widget. The model mirrors dcnb/_src/widget.py's traits; the view
+// SessionModel / SessionView: the session widget. The model mirrors dcnb/_src/views/widget.py's traits; the view
 // draws them and sends requests ({event: 'apply' | 'undo' | 'reset' | 'export' | 'show' | 'profile'}); Python
 // does the work.
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';

@@ -7,7 +7,7 @@ from dace.sdfg import nodes
 from torch import nn
 
 import dcnb
-from dcnb._src import algebra
+from dcnb._src.actions import algebra
 from models import Mish
 
 pytestmark = pytest.mark.compile

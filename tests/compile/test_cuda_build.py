@@ -16,8 +16,9 @@ from dace.config import Config, temporary_config
 from torch import nn
 
 import dcnb
-from dcnb._src import build, cuda_check, render
-from dcnb._src.widget import SessionWidget
+from dcnb._src import build, cuda_check
+from dcnb._src.views import render
+from dcnb._src.views.widget import SessionWidget
 from models import Mish
 from zoo import CASES
 

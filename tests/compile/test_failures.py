@@ -9,7 +9,7 @@ from dace.properties import CodeBlock
 from dace.sdfg import nodes
 
 import dcnb
-from dcnb._src import steps
+from dcnb._src import actions
 from models import Determinant, Mish, TinyMLP
 
 pytestmark = pytest.mark.compile
@@ -75,17 +75,17 @@ def _drift(sdfg, where, options, device):
 @pytest.fixture
 def broken_actions():
     added = [
-        steps.Action("always_raises", "raises", False, lambda s, w, o: 1, _raise),
-        steps.Action("wrong_gradients", "scales a gradient", False, lambda s, w, o: 1, _scale_backward),
-        steps.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, _break_cpp),
-        steps.Action("drifting", "leaves state behind", False, lambda s, w, o: 1, _drift),
-        steps.Action("disconnecting", "leaves an output unwritten", False, lambda s, w, o: 1, _disconnect),
+        actions.Action("always_raises", "raises", False, lambda s, w, o: 1, _raise),
+        actions.Action("wrong_gradients", "scales a gradient", False, lambda s, w, o: 1, _scale_backward),
+        actions.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, _break_cpp),
+        actions.Action("drifting", "leaves state behind", False, lambda s, w, o: 1, _drift),
+        actions.Action("disconnecting", "leaves an output unwritten", False, lambda s, w, o: 1, _disconnect),
     ]
     for action in added:
-        steps.register(action)
+        actions.register(action)
     yield
     for action in added:
-        del steps.REGISTRY[action.name]
+        del actions.REGISTRY[action.name]
 
 
 @pytest.fixture

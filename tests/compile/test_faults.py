@@ -17,7 +17,7 @@ from dace.codegen import compiler
 from dace.config import Config, temporary_config
 
 import dcnb
-from dcnb._src import build, cache, events, timing, verify
+from dcnb._src import build, cache, events, forked, timing, verify
 from dcnb._src.errors import CacheError
 import processes
 from models import Mish
@@ -78,12 +78,12 @@ def children(monkeypatch):
     """The pids of the processes that builds fork (each leads its process group)."""
     pids = []
 
-    class Recorded(build._Child):
+    class Recorded(forked.Child):
         def __init__(self, *args):
             super().__init__(*args)
             pids.append(self.pid)
 
-    monkeypatch.setattr(build, "_Child", Recorded)
+    monkeypatch.setattr(forked, "Child", Recorded)
     return pids
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dcnb
-from dcnb._src import reductions
+from dcnb._src.fixes import reduce_node
 from dcnb._src.passes import cuda_build
 from models import TinyMLP
 from zoo import CASES
@@ -743,7 +743,7 @@ def test_auto_optimize_keeps_dcnb_s_blas_and_reductions():
     # the softmax's row maxima as dcnb reduces a row (a LayerNorm's backward took 510 of a BERT layer's 640 ms
     # with DaCe's choice), its products through dcnb's BLAS
     found = [n for n, _ in session.forward_sdfg.all_nodes_recursive()]
-    assert any(isinstance(n, nodes.Tasklet) and n.label == reductions.ROW_TASKLET for n in found)
+    assert any(isinstance(n, nodes.Tasklet) and n.label == reduce_node.ROW_TASKLET for n in found)
     assert "cblas_sgemm" in _source(session._states[-1].runner.forward_binary)
 
 

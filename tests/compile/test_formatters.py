@@ -45,7 +45,7 @@ def test_an_sdfg_shows_as_a_picture_not_daces_script(ip, session):
 
 
 def test_the_text_the_html_and_the_widget_show_one_history_table(ip, session):
-    from dcnb._src.widget import SessionWidget
+    from dcnb._src.views.widget import SessionWidget
 
     ip.user_ns["shown_opt"] = session
     data, _ = ip.display_formatter.format(session)

@@ -15,8 +15,8 @@ import torch
 from IPython.core.error import UsageError
 
 import dcnb
-from dcnb._src import graph, render, widget
-from dcnb._src.widget import Progress, SessionWidget
+from dcnb._src.views import graph, render, widget
+from dcnb._src.views.widget import Progress, SessionWidget
 import processes
 from models import Mish
 
@@ -215,7 +215,7 @@ def test_a_step_that_does_not_compile_keeps_its_log_for_the_view(session):
     from dace.properties import CodeBlock
     from dace.sdfg import nodes
 
-    from dcnb._src import steps
+    from dcnb._src import actions
 
     def break_cpp(sdfg, where, options, device):
         if any(name.startswith("gradient_") for name in sdfg.arrays):
@@ -224,13 +224,13 @@ def test_a_step_that_does_not_compile_keeps_its_log_for_the_view(session):
         tasklet.code = CodeBlock("this is not C++;", dtypes.Language.CPP)
         return 1
 
-    steps.register(steps.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, break_cpp))
+    actions.register(actions.Action("bad_code", "writes invalid C++", False, lambda s, w, o: 1, break_cpp))
     try:
         w = SessionWidget(session)
         before = w.graphs
         _request(w, event="apply", name="bad_code")
     finally:
-        del steps.REGISTRY["bad_code"]
+        del actions.REGISTRY["bad_code"]
     failed = w.steps[-1]
     assert not failed["ok"] and "does not compile" in failed["error"]
     assert "this is not C++" in failed["log"]

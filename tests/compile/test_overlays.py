@@ -11,7 +11,7 @@ from models import Mish
 from zoo import CASES
 
 import dcnb
-from dcnb._src import overlays
+from dcnb._src.views import overlays
 
 pytestmark = pytest.mark.compile
 

@@ -10,7 +10,7 @@ from models import Mish
 from zoo import CASES
 
 import dcnb
-from dcnb._src import profile
+from dcnb._src.views import profile
 
 pytestmark = pytest.mark.compile
 

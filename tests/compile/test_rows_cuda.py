@@ -12,7 +12,8 @@ from dace.config import Config, temporary_config
 from torch import nn
 
 import dcnb
-from dcnb._src import build, rows
+from dcnb._src import build
+from dcnb._src.actions import rows
 
 pytestmark = [pytest.mark.compile, pytest.mark.cuda]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dcnb
-from dcnb._src import schedule
+from dcnb._src.passes import schedule
 from models import Mish
 
 pytestmark = pytest.mark.compile

@@ -16,7 +16,8 @@ from models import Mish
 from zoo import CASES
 
 import dcnb
-from dcnb._src import build, overlays, sources
+from dcnb._src import build
+from dcnb._src.views import overlays, sources
 
 pytestmark = pytest.mark.compile
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import dcnb
-from dcnb._src import graph, render
+from dcnb._src.views import graph, render
 from zoo import CASES
 
 pytestmark = pytest.mark.compile

@@ -23,7 +23,7 @@ class Mish(nn.Module):
     def forward(self, x):
         return x * torch.tanh(F.softplus(x))""",
     # names are text, never markup: a module class, a node and a message that hold HTML
-    f"""from dcnb._src.widget import SessionWidget
+    f"""from dcnb._src.views.widget import SessionWidget
 Evil = type({PAYLOAD!r}, (Mish,), {{}})
 w = SessionWidget(mish_opt, variable="evil")
 g = dict(w.graphs)

@@ -45,7 +45,7 @@ def cells(length: int) -> list[str]:
         f"{BLOCK}\n\n\nclass Deep(nn.Sequential):\n    def __init__(self):\n"
         "        super().__init__(*(PreNormResidual() for _ in range(4)))",
         # names, removed nodes and code are text, never markup
-        f"""from dcnb._src.widget import SessionWidget
+        f"""from dcnb._src.views.widget import SessionWidget
 evil = SessionWidget(block, variable="evil")
 g = json.loads(json.dumps(evil.graphs))
 node = next(n for n in g["forward"]["states"][0]["nodes"] if n["kind"] == "tasklet")

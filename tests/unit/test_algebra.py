@@ -2,7 +2,7 @@
 
 import pytest
 
-from dcnb._src import algebra
+from dcnb._src.actions import algebra
 
 # Mish as tasklet_fusion leaves it, forward and backward (DaCe's autodiff wrote the backward)
 MISH = "__out = (__in1 * tanh(log((dace.float32(1) + exp(__in1)))))"

@@ -6,7 +6,7 @@ from dace.sdfg import nodes, propagation
 from dace.transformation.dataflow import MapFusion
 from dace.transformation.optimizer import Optimizer
 
-from dcnb._src import matching
+from dcnb._src.actions import matching
 
 N = 32
 

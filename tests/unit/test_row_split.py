@@ -4,7 +4,7 @@ import dace
 import numpy as np
 from dace.sdfg import nodes
 
-from dcnb._src import rows
+from dcnb._src.actions import rows
 
 
 def _program() -> dace.SDFG:

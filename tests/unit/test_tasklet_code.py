@@ -7,14 +7,14 @@ import sys
 import dace
 import pytest
 
-from dcnb._src import tasklet_code
+from dcnb._src.passes import tasklet_code
 
 # a C++ tasklet reading three symbols of a nested SDFG that simplify inlines, its symbols bound to constants
 _INLINED = """
 import warnings
 warnings.simplefilter("ignore")
 import dace
-from dcnb._src import tasklet_code
+from dcnb._src.passes import tasklet_code
 inner = dace.SDFG("sizes")
 for name in ("M", "N", "K"):
     inner.add_symbol(name, dace.int64)

@@ -18,11 +18,12 @@ from dace.sdfg import nodes
 from dace.transformation.dataflow import MapFusion, TaskletFusion
 
 import dcnb
-from dcnb._src import graph, record, render, steps, widget
+from dcnb._src import actions, diff, record
 from dcnb._src.record import Step
 from dcnb._src.timing import Timing
 from dcnb._src.verify import Check
 from dcnb._src.version import VERSION
+from dcnb._src.views import graph, render, widget
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAYLOAD = "<img src=x onerror=alert(1)>"
@@ -171,10 +172,10 @@ def test_a_step_s_changes_are_marked_against_the_sdfg_it_was_made_from():
     assert merged.apply_transformations_repeated(TaskletFusion) == 2  # each op with its assignment
     picture = graph.describe(merged, before=fused)
     tasklets = [n for n in graph.all_nodes(picture) if n["kind"] == graph.TASKLET]
-    assert sorted(n["name"] for n in tasklets) == ["Add ∘ assign_47_8", "Mult ∘ assign_45_8"]
+    assert sorted(n["name"] for n in tasklets) == ["Add ∘ assign_48_8", "Mult ∘ assign_46_8"]
     assert all(n["change"] == graph.ADDED and n["guid"] not in old_guids for n in tasklets)
     assert sorted(r["name"] for r in picture["removed"] if r["kind"] == graph.TASKLET) == [
-        "Add", "Mult", "assign_45_8", "assign_47_8"
+        "Add", "Mult", "assign_46_8", "assign_48_8"
     ]
 
     edited = copy.deepcopy(merged)
@@ -437,14 +438,14 @@ def twin_chains_sdfg() -> dace.SDFG:
 def test_a_place_names_the_nodes_it_binds_by_guid_where_labels_repeat():
     searched = twin_chains_sdfg()
     shown = copy.deepcopy(searched)  # as the build passes draw a copy: its access nodes have new guids
-    drawn = graph.counterparts(searched, shown)
+    drawn = diff.counterparts(searched, shown)
     labels = collections.Counter(n["label"] for n in graph.all_nodes(graph.describe(shown)))
     (state,) = shown.states()
     chain = {node.guid: i for i, part in enumerate(nx.weakly_connected_components(state.nx)) for node in part}
     assert labels["_Add_"] == 2  # the label alone names both chains' tasklets
 
     for action, kinds in (("map_fusion", 3), ("tasklet_fusion", 3)):
-        places = steps.get(action).places(searched, None, {})
+        places = actions.get(action).places(searched, None, {})
         guids = [[drawn[n] for n in place.nodes] for place in places]
         # a place binds nodes of one chain only, both chains have one, and they share labels the view cannot
         # tell apart (the maps' or the tasklets')

@@ -10,8 +10,5 @@ from __future__ import annotations
 
 # each registers on import
 from . import (  # noqa: F401
-    array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize, sorting,
+    array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduce_node, reduction, resize, sorting,
 )
-
-#: the modules whose code decides what a library node expands to at code generation (see cache.key)
-FAMILIES = (array_ops, conv, elementwise, linalg, loss, normalization, pooling, reduction, resize, sorting)

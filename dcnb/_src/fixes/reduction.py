@@ -24,7 +24,7 @@ from dace.transformation.onnx import constant_folding
 from dace.transformation.onnx.replacement import onnx_constant_or_none
 from dace.transformation.transformation import ExpandTransformation
 
-from .. import reductions
+from . import reduce_node
 
 from .cpp import at, cpp_backward, cpp_expansion, forward_in, forward_out, loops, offset
 from .elementwise import ZeroBackward
@@ -421,7 +421,7 @@ default_backward("CumSum")
 
 
 def _reduce_implementation(node, state, sdfg) -> str:
-    return reductions.implementation(node, state) if on_cpu(node, state, sdfg) else "pure"
+    return reduce_node.implementation(node, state) if on_cpu(node, state, sdfg) else "pure"
 
 
 @dace.library.expansion

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import dace
 
-from .. import schedule, tasklet_code, vecmath
+from . import schedule, tasklet_code, vecmath
 from . import after_autodiff, before_autodiff, broadcast_sums, cuda_build, gradient_writes, lifetimes, on_import
 
 SIDES = ("forward", "backward")

@@ -13,7 +13,7 @@ from dace.sdfg import nodes
 from dace.transformation.pass_pipeline import Pipeline
 from dace.transformation.passes.dead_dataflow_elimination import DeadDataflowElimination
 
-from .. import tasklet_code
+from . import tasklet_code
 from . import gradient_writes
 
 

@@ -17,19 +17,10 @@ import dace
 from dace import data as dt
 from dace.sdfg import nodes
 
+from ..actions.matching import label
+from ..diff import ACCESS, LIBRARY, MAP_ENTRY, MAP_EXIT, NESTED, OTHER, TASKLET, Diff, kind, placed
 from . import names
-from .matching import label
 
-#: node kinds, in SDFV's vocabulary
-ACCESS, MAP_ENTRY, MAP_EXIT, TASKLET, LIBRARY, NESTED, OTHER = (
-    "access",
-    "map_entry",
-    "map_exit",
-    "tasklet",
-    "library",
-    "nested",
-    "other",
-)
 #: what a step did to a node of the picture it made
 ADDED, CHANGED = "added", "changed"
 #: above this many nodes a picture opens with its map scopes collapsed: the static SVG (render.py) and the
@@ -49,12 +40,12 @@ def describe(
     """
     if sdfg is None:
         return None
-    diff = _Diff(before, sdfg) if before is not None else None
+    diff = Diff(before, sdfg) if before is not None else None
     state_ids: dict[dace.SDFGState, str] = {}
     picture = _sdfg(sdfg, "", _Context(diff, metrics or {}, state_ids))
     if diff is not None:
         picture["removed"] = [
-            {"state": state_ids.get(state) if state is not None else None, "name": _name(node), "kind": _kind(node)}
+            {"state": state_ids.get(state) if state is not None else None, "name": _name(node), "kind": kind(node)}
             for node, state in diff.removed
         ]
     return dict(picture, collapse_above=COLLAPSE_ABOVE)
@@ -78,7 +69,7 @@ def all_nodes(graph: dict[str, Any]) -> list[dict[str, Any]]:
 class _Context:
     """What describing one SDFG carries down into its nested SDFGs."""
 
-    def __init__(self, diff: _Diff | None, metrics: dict[str, dict], state_ids: dict[dace.SDFGState, str]):
+    def __init__(self, diff: Diff | None, metrics: dict[str, dict], state_ids: dict[dace.SDFGState, str]):
         self.diff = diff
         self.metrics = metrics
         #: each state drawn -> its id in the picture, which the removed nodes' entries point at
@@ -123,7 +114,7 @@ def _state(sdfg: dace.SDFG, state: dace.SDFGState, sid: str, context: _Context) 
         info = _info(sdfg, node)
         item: dict[str, Any] = {
             "id": ids[node],
-            "kind": _kind(node),
+            "kind": kind(node),
             "label": raw,
             "name": name,
             "guid": str(node.guid),
@@ -134,7 +125,7 @@ def _state(sdfg: dace.SDFG, state: dace.SDFGState, sid: str, context: _Context) 
             item["exit"] = ids[state.exit_node(node)]
         if isinstance(node, nodes.NestedSDFG):
             item["sdfg"] = _sdfg(node.sdfg, f"{ids[node]}.", context)
-        if context.diff is not None and (change := context.diff.change(sdfg, state, node)):
+        if context.diff is not None and (change := _change(context.diff, sdfg, state, node)):
             item["change"] = change
         if item["guid"] in context.metrics:
             item["metrics"] = dict(context.metrics[item["guid"]])
@@ -175,7 +166,7 @@ def _bytes(sdfg: dace.SDFG, memlet: dace.Memlet) -> int | None:
 
 def names_by_guid(sdfg: dace.SDFG) -> dict[str, str]:
     """Node guid -> the name a picture of ``sdfg`` draws the node with (without drawing it)."""
-    return {str(node.guid): _name(node) for node, _, _ in _placed(sdfg)}
+    return {str(node.guid): _name(node) for node, _, _ in placed(sdfg)}
 
 
 def _name(node: nodes.Node) -> str:
@@ -186,21 +177,6 @@ def _name(node: nodes.Node) -> str:
         return names.readable_sdfg(node.sdfg.name)
     return names.readable(label(node))
 
-
-def _kind(node: nodes.Node) -> str:
-    if isinstance(node, nodes.AccessNode):
-        return ACCESS
-    if isinstance(node, nodes.EntryNode):
-        return MAP_ENTRY
-    if isinstance(node, nodes.ExitNode):
-        return MAP_EXIT
-    if isinstance(node, nodes.Tasklet):
-        return TASKLET
-    if isinstance(node, nodes.LibraryNode):
-        return LIBRARY
-    if isinstance(node, nodes.NestedSDFG):
-        return NESTED
-    return OTHER
 
 
 def range_text(ranges) -> str:
@@ -269,136 +245,13 @@ def _info(sdfg: dace.SDFG, node: nodes.Node) -> dict[str, str]:
 # --- what a step changed --------------------------------------------------------------------------------------
 
 
-def counterparts(source: dace.SDFG, shown: dace.SDFG) -> dict[nodes.Node, str]:
-    """Node of ``source`` -> the guid of the node of ``shown`` it is (as a step's diff matches them): where a
-    node found in the SDFG an action searched is drawn in the picture of the SDFG compiled from it. Matched once
-    per pair (a session's SDFGs do not change once built, and every refresh of the actions asks again)."""
-    known = _counterparts.get(source)
-    if known is None or known[0] is not shown:
-        known = _counterparts[source] = (shown, {old: new.guid for new, old in _Diff(source, shown).match.items()})
-    return known[1]
-
-
-#: ``counterparts`` by source SDFG: the SDFG shown and what was matched
-_counterparts: weakref.WeakKeyDictionary[dace.SDFG, tuple[dace.SDFG, dict[nodes.Node, str]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-#: a node where it is drawn: the node, its state, the SDFG whose arrays it reads
-_Placed = tuple[nodes.Node, dace.SDFGState, dace.SDFG]
-
-
-class _Diff:
-    """The nodes of an SDFG matched with those of the SDFG its step was made from.
-
-    A node is the same node where its DaCe guid is: transformations keep the nodes they leave alone and give the
-    ones they make new guids. Guids do not say it all: DaCe's ``deepcopy`` gives every access node a new one (and
-    each step works on copies), and regenerating the backward after a step before autodiff makes every node anew.
-    The nodes no guid matches are matched by what they are, state by state and then across their SDFG: an access
-    node by its array, any other node by its kind, its label and the arrays its memlets move, in their order.
-    """
-
-    def __init__(self, before: dace.SDFG, after: dace.SDFG):
-        #: node of ``after`` -> the node of ``before`` it is
-        self.match: dict[nodes.Node, nodes.Node] = {}
-        self._before: dict[nodes.Node, _Placed] = {n[0]: n for n in _placed(before)}
-        self._matched: set[nodes.Node] = set()
-        self._states: dict[dace.SDFGState, dace.SDFGState] = {}
-        self._sdfgs: dict[dace.SDFG, dace.SDFG] = {}
-        by_guid: dict[str, collections.deque[nodes.Node]] = collections.defaultdict(collections.deque)
-        for node in self._before:
-            by_guid[node.guid].append(node)
-        for node, _, _ in _placed(after):
-            if by_guid[node.guid]:  # a copy of a node within one SDFG keeps its guid too: the first is the node
-                self._pair(node, by_guid[node.guid].popleft())
-        pending = [(before, after)]
-        while pending:
-            old, new = pending.pop()
-            self._sdfgs[old] = new
-            self._pair_states(old, new)
-            for old_state in old.states():
-                if (new_state := self._states.get(old_state)) is not None:
-                    self._pair_alike(
-                        _unmatched_in(old_state, old, self._matched), _unmatched_in(new_state, new, self.match)
-                    )
-            self._pair_alike(
-                [p for s in old.states() for p in _unmatched_in(s, old, self._matched)],
-                [p for s in new.states() for p in _unmatched_in(s, new, self.match)],
-            )
-            for state in new.states():
-                for node in state.nodes():
-                    if isinstance(node, nodes.NestedSDFG) and isinstance(self.match.get(node), nodes.NestedSDFG):
-                        pending.append((self.match[node].sdfg, node.sdfg))
-        #: the nodes of ``before`` gone from ``after``, each with the state of ``after`` that took the place of
-        #: its own (None if none did): a map by its entry, a nested SDFG gone as itself (not what it held)
-        self.removed: list[tuple[nodes.Node, dace.SDFGState | None]] = [
-            (node, self._states.get(state))
-            for node, state, sdfg in self._before.values()
-            if node not in self._matched and not isinstance(node, nodes.ExitNode) and sdfg in self._sdfgs
-        ]
-
-    def change(self, sdfg: dace.SDFG, state: dace.SDFGState, node: nodes.Node) -> str | None:
-        """``ADDED``, ``CHANGED`` (its details or, for a map, what its scope holds), or None."""
-        old = self.match.get(node)
-        if old is None:
-            return ADDED
-        _, old_state, old_sdfg = self._before[old]
-        return CHANGED if _fingerprint(old_sdfg, old_state, old) != _fingerprint(sdfg, state, node) else None
-
-    def _pair(self, new: nodes.Node, old: nodes.Node) -> None:
-        self.match[new] = old
-        self._matched.add(old)
-
-    def _pair_states(self, old: dace.SDFG, new: dace.SDFG) -> None:
-        """States by guid, then by label, then by readable label (splits while inlining grow labels)."""
-        keys: tuple[Callable[[dace.SDFGState], Hashable], ...] = (
-            lambda s: s.guid,
-            lambda s: s.label,
-            lambda s: names.readable_state(s.label),
-        )
-        for key in keys:
-            paired = set(self._states.values())
-            unpaired = [s for s in new.states() if s not in paired]
-            for old_state, new_state in _alike([s for s in old.states() if s not in self._states], unpaired, key):
-                self._states[old_state] = new_state
-
-    def _pair_alike(self, old: list[_Placed], new: list[_Placed]) -> None:
-        for (old_node, _, _), (new_node, _, _) in _alike(old, new, _signature):
-            self._pair(new_node, old_node)
-
-
-def _alike(old: list, new: list, key: Callable) -> Iterator[tuple[Any, Any]]:
-    """Items of ``old`` and ``new`` with equal keys, paired in their order."""
-    waiting: dict[Hashable, collections.deque] = collections.defaultdict(collections.deque)
-    for item in old:
-        waiting[key(item)].append(item)
-    for item in new:
-        if queue := waiting.get(key(item)):
-            yield queue.popleft(), item
-
-
-def _placed(sdfg: dace.SDFG) -> Iterator[_Placed]:
-    """Every node a picture of ``sdfg`` draws, nested SDFGs' included."""
-    for state in sdfg.states():
-        for node in state.nodes():
-            yield node, state, sdfg
-            if isinstance(node, nodes.NestedSDFG):
-                yield from _placed(node.sdfg)
-
-
-def _unmatched_in(state: dace.SDFGState, sdfg: dace.SDFG, matched: Container[nodes.Node]) -> list[_Placed]:
-    return [(node, state, sdfg) for node in state.nodes() if node not in matched]
-
-
-def _signature(placed: _Placed) -> Hashable:
-    node, state, _ = placed
-    if isinstance(node, nodes.AccessNode):
-        return ACCESS, node.data
-    # a map's exit goes with its entry: both by what the entry moves
-    mover = state.entry_node(node) if isinstance(node, nodes.ExitNode) else node
-    moved = frozenset(e.data.data for e in state.all_edges(mover) if e.data is not None and e.data.data is not None)
-    return _kind(node), label(node), moved
+def _change(diff: Diff, sdfg: dace.SDFG, state: dace.SDFGState, node: nodes.Node) -> str | None:
+    """``ADDED``, ``CHANGED`` (its details or, for a map, what its scope holds), or None."""
+    old = diff.match.get(node)
+    if old is None:
+        return ADDED
+    _, old_state, old_sdfg = diff.placed_before(old)
+    return CHANGED if _fingerprint(old_sdfg, old_state, old) != _fingerprint(sdfg, state, node) else None
 
 
 def _fingerprint(sdfg: dace.SDFG, state: dace.SDFGState, node: nodes.Node) -> Hashable:
@@ -406,5 +259,5 @@ def _fingerprint(sdfg: dace.SDFG, state: dace.SDFGState, node: nodes.Node) -> Ha
     info = tuple(_info(sdfg, node).items())
     if not isinstance(node, nodes.EntryNode):
         return info
-    held = sorted((_kind(n), label(n)) for n, scope in state.scope_dict().items() if scope is node)
+    held = sorted((kind(n), label(n)) for n, scope in state.scope_dict().items() if scope is node)
     return info, tuple(held)

@@ -18,7 +18,7 @@ from dace.properties import CodeBlock
 from dace.sdfg import nodes
 from dace.transformation.dataflow.tasklet_fusion import PythonConnectorRenamer
 
-from . import tasklet_code
+from ..passes import tasklet_code
 
 
 def split(sdfg: dace.SDFG) -> int:

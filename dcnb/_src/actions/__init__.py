@@ -23,12 +23,13 @@ from dace.transformation.dataflow import MapFusion, TaskletFusion, TrivialMapEli
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.subgraph import SubgraphFusion
 
-from . import algebra, dace_internals, matching, passes, rows, shared_values, vectorize
-from .errors import check
+from .. import dace_internals, passes
+from ..errors import check
+from ..fixes import registry
+from ..passes import auto_optimize, cuda_build
+from ..passes.simplify import simplify
+from . import algebra, matching, rows, shared_values, vectorize
 from .matching import Where
-from .fixes import registry
-from .passes import auto_optimize, cuda_build
-from .passes.simplify import simplify
 
 
 @dataclasses.dataclass(frozen=True)

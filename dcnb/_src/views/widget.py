@@ -21,12 +21,13 @@ import ipywidgets
 import traitlets
 from IPython.display import update_display
 
-from . import graph, overlays, profile, render, sources, steps
-from .cuda_check import PENDING, CudaBuild
-from .errors import DcnbError
-from .record import tabulate_timings
-from .session import Session
-from .version import VERSION
+from .. import actions
+from ..cuda_check import CudaBuild, PENDING
+from ..errors import DcnbError
+from ..record import tabulate_timings
+from ..session import Session
+from ..version import VERSION
+from . import graph, overlays, profile, render, sources
 
 MODULE = "dcnb"
 SIDES = ("forward", "backward")
@@ -119,7 +120,7 @@ class SessionWidget(ipywidgets.DOMWidget):
         #: the step drawn, where the user asked for one other than the current
         self._shown: int | None = None
         #: action name -> its places now, as ``matches`` lists them
-        self._places: dict[str, list[steps.Place]] = {}
+        self._places: dict[str, list[actions.Place]] = {}
         #: the compiled forward SDFG of the step profiled last (``profile.table`` reads what was measured of it)
         self._profiled: dace.SDFG | None = None
         self.on_msg(self._on_msg)

@@ -15,7 +15,9 @@ from dace.sdfg import nodes
 from dace.transformation import PatternTransformation
 from dace.transformation.dataflow import Vectorization
 
-from . import dace_internals, matching, tasklet_code, vecmath
+from .. import dace_internals
+from ..passes import tasklet_code, vecmath
+from . import matching
 from .matching import Where
 
 

@@ -36,7 +36,8 @@ from dace.sdfg import infer_types, nodes
 from dace.sdfg.performance_evaluation import work_depth
 from dace.sdfg.performance_evaluation.helpers import get_uuid
 
-from . import profile, reductions, sources
+from ..fixes import reduce_node
+from . import profile, sources
 from .sources import expansions
 
 SIDES = ("forward", "backward")
@@ -232,7 +233,7 @@ def _tasklet_work(node: nodes.Tasklet, state: dace.SDFGState) -> tuple[Any, Any]
     if all(e.data.is_empty() for e in state.in_edges(node)):
         return 0, -1
     if node.code.language != dace.Language.Python:
-        if node.label == reductions.ROW_TASKLET:  # one maximum (or minimum, product) per element of its row
+        if node.label == reduce_node.ROW_TASKLET:  # one maximum (or minimum, product) per element of its row
             return state.in_edges(node)[0].data.volume, -1
         return _UNKNOWN, -1
     counter = _Counter()

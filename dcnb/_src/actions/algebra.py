@@ -35,7 +35,7 @@ from dace import dtypes
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
 
-from . import tasklet_code
+from ..passes import tasklet_code
 
 #: calls that cost a libm (or libmvec) evaluation; arithmetic, abs and sqrt are cheap next to them
 TRANSCENDENTAL = frozenset(

@@ -12,9 +12,9 @@ from typing import Any
 
 import dace
 
+from ..record import Step
+from ..session import Session
 from . import graph, render
-from .record import Step
-from .session import Session
 
 
 def register(ipython: Any) -> None:

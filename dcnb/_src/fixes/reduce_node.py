@@ -24,7 +24,7 @@ from dace.libraries.standard import Reduce
 from dace.library import register_expansion
 from dace.transformation.transformation import ExpandTransformation
 
-from . import dace_internals
+from .. import dace_internals
 
 #: columns a thread sums at a time at most: a few cache lines per row, read in order
 COLUMN_TILE = 128

@@ -20,7 +20,7 @@ from dace.sdfg import nodes
 from dace.sdfg.state import SDFGState
 from dace.transformation.dataflow import StripMining
 
-from dcnb._src import reductions
+from ..fixes import reduce_node
 
 #: chunks the row map is split into at most: enough to balance the threads, few enough that partials stay small
 CHUNKS = 64
@@ -36,7 +36,7 @@ def fold(sdfg: dace.SDFG) -> int:
     for state in sdfg.states():
         by_map: dict[nodes.MapEntry, list[Reduce]] = {}
         for node in state.nodes():
-            if isinstance(node, Reduce) and reductions.is_column_sum(node, state):
+            if isinstance(node, Reduce) and reduce_node.is_column_sum(node, state):
                 entry = _row_map(state, node)
                 if entry is not None:
                     by_map.setdefault(entry, []).append(node)

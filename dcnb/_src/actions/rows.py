@@ -4,7 +4,7 @@ DaCe expands ONNX Softmax, LayerNormalization and their backward passes into a c
 with reductions in between, and by default a reduction is a map over all elements adding into its output with
 atomics. This action, after autodiff, on the forward and the backward:
 
-1. expands library nodes, reductions without atomics: along rows and down columns as reductions.py has them,
+1. expands library nodes, reductions without atomics: along rows and down columns as fixes/reduce_node.py has them,
    others as a map over the kept dimensions with a sequential loop over the reduced ones (DaCe's "pure-seq");
 2. splits every map of several dimensions into a map over all but the last (the rows) around a sequential map
    over the last, except maps over exactly the rows;
@@ -44,9 +44,11 @@ from dace.transformation.dataflow import MapCollapse, MapFusionVertical, WarpTil
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.optimizer import Optimizer
 
-from . import dace_internals, matching, partial_sums, reductions
-from .passes import cuda_build
-from .passes.simplify import simplify
+from .. import dace_internals
+from ..fixes import reduce_node
+from ..passes import cuda_build
+from ..passes.simplify import simplify
+from . import matching, partial_sums
 
 #: elements up to which a constant-size transient lives on the stack (a row of 4096 floats is 16 KiB)
 STACK_ELEMENTS = 4096
@@ -73,7 +75,7 @@ def apply(sdfg: dace.SDFG, where, options: dict) -> int:
 
 
 def _rows(sdfg: dace.SDFG, top_level: bool) -> int:
-    _expand(sdfg, keep=lambda n, s: isinstance(n, Reduce) and reductions.is_column_sum(n, s))
+    _expand(sdfg, keep=lambda n, s: isinstance(n, Reduce) and reduce_node.is_column_sum(n, s))
     if top_level:
         simplify(sdfg)
     _split_rows(sdfg)
@@ -201,7 +203,7 @@ def _expand(sdfg: dace.SDFG, keep=lambda node, state: False) -> None:
     ]:
         for node, state in todo:
             if isinstance(node, Reduce):
-                node.implementation = reductions.implementation(node, state)
+                node.implementation = reduce_node.implementation(node, state)
             node.expand(state)
 
 

@@ -17,10 +17,10 @@ import shutil
 import subprocess
 from typing import Any
 
+from ..record import MIB, Row, Step, Table, tabulate_history, tabulate_timings
+from ..session import Session
 from . import graph as graphs
 from . import names, overlays, profile
-from .record import MIB, Row, Step, Table, tabulate_history, tabulate_timings
-from .session import Session
 
 #: above this many nodes a picture is shown at its own size, in a box that scrolls
 SCROLL_ABOVE = 60

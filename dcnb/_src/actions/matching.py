@@ -13,7 +13,7 @@ from dace.transformation import PatternTransformation
 from dace.transformation.dataflow import MapFusionVertical
 from dace.transformation.optimizer import Optimizer
 
-from . import dace_internals
+from .. import dace_internals
 
 #: node labels an action is restricted to, or None for everywhere
 Where = Collection[str] | None

@@ -25,6 +25,8 @@ import functools
 import re
 import sys
 
+from ..diff import SPLIT_STATE
+
 #: clean_onnx_name's spellings, read back
 _UNESCAPED = {"DOT": ".", "COLON": ":", "SLASH": "/", "DASH": "-"}
 _ESCAPE = re.compile("|".join(_UNESCAPED))
@@ -49,9 +51,6 @@ _UNNAMED_NODE = re.compile(
 )
 #: a build key dcnb appends to the SDFGs it compiles (build.py)
 _BUILD_KEY = re.compile(r"_[0-9a-f]{16}$")
-#: the states DaCe splits off while inlining (``isolate_nested_sdfg``) are labelled ``<label>_pre_state``; state
-#: fusion keeps the first label, so each nested SDFG inlined adds one more
-_SPLIT_STATE = re.compile(r"(?:_(?:pre|post)_state)+")
 
 
 @dataclasses.dataclass
@@ -88,7 +87,7 @@ def readable_sdfg(raw: str) -> str:
 
 def readable_state(raw: str) -> str:
     """A state's label without the suffixes inlining piles up; a reversed state reads as its forward one."""
-    label = _SPLIT_STATE.sub("", raw)
+    label = SPLIT_STATE.sub("", raw)
     if match := re.fullmatch(r"(.+?)_(?:loop_)?reversed", label):
         return f"{readable_state(match[1])} (backward)"
     if match := re.fullmatch(r"copy_(in|out)_(.+)", label):

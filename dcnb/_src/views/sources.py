@@ -41,7 +41,7 @@ from dace.codegen import codegen
 from dace.config import Config, temporary_config
 from dace.sdfg import nodes
 
-from .errors import DcnbError
+from ..errors import DcnbError
 
 #: DaCe's marker after a generated line: region (cfg_id), state within it, node ids (two for a memlet)
 _MARKER = re.compile(r"////__DACE:(\d+)(?::(\d+))?(?::(-?[\d,]+))?")
