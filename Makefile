@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md); each sets up what it needs first.
-.PHONY: setup mish test zoo models ops notebooks cuda gpu
+.PHONY: setup mish test unit zoo models ops notebooks cuda gpu
 
 setup:
 	@./scripts/setup.sh
@@ -9,6 +9,10 @@ mish: setup
 
 test: setup
 	.venv/bin/python -m pytest
+
+# the fast loop: tests that build nothing (tests/unit, tests/test_smoke.py), in about a minute
+unit: setup
+	.venv/bin/python -m pytest tests/unit tests/test_smoke.py
 
 # the whole model zoo: every entry in every mode, and every action on more kinds of graph (tests/compile/test_zoo.py)
 zoo: setup

@@ -25,7 +25,6 @@ import warnings
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 RECIPES = ROOT / "benchmarks" / "recipes"
 
 BASELINES = ("torch", "torch_compile")
@@ -75,7 +74,7 @@ SIZED = {"bert_mini_layer": bert_mini_layer}
 
 def _build(name: str, batch: int) -> tuple:
     import torch
-    from hf_models import BY_NAME
+    from tests.hf_models import BY_NAME
 
     if name in SIZED:
         torch.manual_seed(0)
@@ -197,7 +196,7 @@ def main() -> None:
         _child(args)
         return
 
-    from hf_models import MODELS
+    from tests.hf_models import MODELS
 
     names = [m.name for m in MODELS] + list(SIZED)
     unknown = set(args.only or ()) - set(names)

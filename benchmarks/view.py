@@ -11,13 +11,11 @@ JupyterLab in headless Chromium and times what a user waits for there. ``--json`
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -25,12 +23,11 @@ import warnings
 import torch
 from torch import nn
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dcnb._src import passes, program
+from dcnb._src.frontend import import_module
+from dcnb._src.views import graph
 
-from dcnb._src import passes, program  # noqa: E402
-from dcnb._src.frontend import import_module  # noqa: E402
-from dcnb._src.views import graph  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 LAYOUT = """
 const { layoutGraph, scopeIds, countNodes, defaultCollapsed } = require(process.argv[1] + '/labextension/lib-test/layout.js');
@@ -191,13 +188,6 @@ PAN_ZOOM = """async root => {
 }"""
 
 
-def _module(name: str, path: pathlib.Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def browser(forward: dict, backward: dict, repeats: int = 3) -> dict:
     """Open the backward tab of a session view showing these pictures `repeats` times (back on the forward tab in
     between) and time it; then zoom and pan it, as it opened and fitted whole (every node painted)."""
@@ -205,9 +195,8 @@ def browser(forward: dict, backward: dict, repeats: int = 3) -> dict:
     from nbformat.v4 import new_code_cell, new_notebook
     from playwright.sync_api import sync_playwright
 
-    tests = _module("dcnb_tests_conftest", ROOT / "tests" / "conftest.py")
-    sys.path.insert(0, str(ROOT / "tests" / "ui"))
-    ui = _module("dcnb_ui_conftest", ROOT / "tests" / "ui" / "conftest.py")
+    from tests import conftest as tests
+    from tests.ui import conftest as ui
     with tempfile.TemporaryDirectory() as tmp:
         folder, home = pathlib.Path(tmp, "lab"), pathlib.Path(tmp, "home")
         folder.mkdir()

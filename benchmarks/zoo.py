@@ -20,7 +20,6 @@ import sys
 import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 ACTIONS = [
     "expand", "map_fusion", "subgraph_fusion", "tasklet_fusion", "vectorization", "simplify_algebra", "fuse_rows",
@@ -38,7 +37,7 @@ def _error(e: BaseException) -> str:
 def measure(name: str, training: bool, budget: float) -> dict:
     """One table row: forward-only and forward+backward builds, then auto_optimize, timed against PyTorch."""
     import dcnb
-    from zoo import CASES
+    from tests.zoo import CASES
 
     module, inputs = CASES[name].build(bench=True)
     row: dict = {"model": name, "mode": "train" if training else "eval"}
@@ -69,7 +68,7 @@ def measure(name: str, training: bool, budget: float) -> dict:
 def sweep(name: str, training: bool) -> list[dict]:
     """Every action, each from the naive build, on the entry at its test shapes."""
     import dcnb
-    from zoo import CASES
+    from tests.zoo import CASES
 
     module, inputs = CASES[name].build()
     base = {"model": name, "mode": "train" if training else "eval"}
@@ -173,7 +172,7 @@ def main() -> None:
         _child(args)
         return
 
-    from zoo import ZOO
+    from tests.zoo import ZOO
 
     rows = []
     for case in ZOO:

@@ -54,7 +54,7 @@ def transformer_session():
     """The zoo's transformer layer at its naive step, one for the views' tests over a whole layer (its generated
     code, its metrics): each works out the same expanded copy, which a session keeps for the other."""
     import dcnb
-    from zoo import CASES
+    from tests.zoo import CASES
 
     module, inputs = CASES["transformer"].build()
     return dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0)

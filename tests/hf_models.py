@@ -274,7 +274,7 @@ class Mixer(nn.Module):
     def __init__(self, patch: int = 4, image: int = 16, dim: int = 16, hidden: int = 24, depth: int = 2,
                  classes: int = 5):
         super().__init__()
-        from zoo import MixerBlock
+        from tests.zoo import MixerBlock
 
         patches = (image // patch) ** 2
         self.stem = nn.Conv2d(3, dim, patch, stride=patch)

@@ -8,7 +8,7 @@ from torch import nn
 
 import dcnb
 from dcnb._src.actions import algebra
-from models import Mish
+from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 

@@ -15,7 +15,7 @@ from torch import nn
 import dcnb
 from dcnb._src import blas
 from dcnb._src.fixes import linalg
-from models import TinyMLP
+from tests.models import TinyMLP
 
 pytestmark = pytest.mark.compile
 

@@ -9,7 +9,7 @@ from dace.codegen import compiler
 from torch import nn
 
 import dcnb
-from models import Mish
+from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 

@@ -19,8 +19,8 @@ import dcnb
 from dcnb._src import build, cuda_check
 from dcnb._src.views import render
 from dcnb._src.views.widget import SessionWidget
-from models import Mish
-from zoo import CASES
+from tests.models import Mish
+from tests.zoo import CASES
 
 pytestmark = pytest.mark.compile
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from zoo import SmallNet
+from tests.zoo import SmallNet
 
 import dcnb
 

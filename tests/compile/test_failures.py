@@ -10,7 +10,7 @@ from dace.sdfg import nodes
 
 import dcnb
 from dcnb._src import actions
-from models import Determinant, Mish, TinyMLP
+from tests.models import Determinant, Mish, TinyMLP
 
 pytestmark = pytest.mark.compile
 

@@ -19,8 +19,8 @@ from dace.config import Config, temporary_config
 import dcnb
 from dcnb._src import build, cache, events, forked, timing, verify
 from dcnb._src.errors import CacheError
-import processes
-from models import Mish
+from tests import processes
+from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 
@@ -183,9 +183,8 @@ def test_an_interrupt_during_the_check_or_the_timing_leaves_the_session_at_its_l
 # --- 2. a corrupted cache -----------------------------------------------------------------------------------------
 
 _BUILD_MISH = """
-import sys, torch, dcnb
-sys.path.insert(0, "tests")
-from models import Mish
+import torch, dcnb
+from tests.models import Mish
 assert dcnb.optimize(Mish(), torch.rand({shape}), baselines=(), time_budget=0.01).current.ok
 """
 
@@ -230,8 +229,7 @@ def test_a_truncated_or_corrupted_binary_in_the_cache_is_built_again_and_never_l
 _RACE = """
 import os, sys, time, torch, dcnb
 from dcnb._src import build, events
-sys.path.insert(0, "tests")
-from models import Mish
+from tests.models import Mish
 generate = build._generate
 def slow_generate(*args):  # a build that takes long enough for the other process to want the same key meanwhile
     time.sleep(3)
@@ -326,9 +324,8 @@ def test_a_compile_that_hangs_is_stopped_after_the_limit(isolated, tmp_path, mon
 # --- 6. no C++ call path ------------------------------------------------------------------------------------------
 
 _NATIVE = """
-import json, sys, warnings, torch, dcnb
-sys.path.insert(0, "tests")
-from models import Mish
+import json, warnings, torch, dcnb
+from tests.models import Mish
 x = torch.rand(2, 3, 4, 4)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -17,8 +17,8 @@ from torch import nn
 import dcnb
 from dcnb._src.fixes import reduce_node
 from dcnb._src.passes import cuda_build
-from models import TinyMLP
-from zoo import CASES
+from tests.models import TinyMLP
+from tests.zoo import CASES
 
 pytestmark = pytest.mark.compile
 

@@ -17,8 +17,8 @@ from IPython.core.error import UsageError
 import dcnb
 from dcnb._src.views import graph, render, widget
 from dcnb._src.views.widget import Progress, SessionWidget
-import processes
-from models import Mish
+from tests import processes
+from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 

@@ -8,7 +8,7 @@ from dace.sdfg import nodes
 
 import dcnb
 from dcnb._src.passes import gradient_writes
-from models import Mish
+from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 

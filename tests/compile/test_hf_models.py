@@ -21,7 +21,7 @@ import torch
 
 import dcnb
 from dcnb._src import structure
-from hf_models import BY_NAME, MODELS, bart_with_labels
+from tests.hf_models import BY_NAME, MODELS, bart_with_labels
 
 pytestmark = pytest.mark.compile
 

@@ -11,7 +11,7 @@ from dace.config import Config, temporary_config
 
 import dcnb
 from dcnb._src import build, native
-from models import Mish
+from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dcnb
-from ops import FAMILIES, OPS
+from tests.ops import FAMILIES, OPS
 
 pytestmark = pytest.mark.compile
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 from dace.sdfg import nodes
-from models import Mish
-from zoo import CASES
+from tests.models import Mish
+from tests.zoo import CASES
 
 import dcnb
 from dcnb._src.views import overlays

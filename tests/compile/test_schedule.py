@@ -9,7 +9,7 @@ import torch
 
 import dcnb
 from dcnb._src.passes import schedule
-from models import Mish
+from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 

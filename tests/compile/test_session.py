@@ -11,7 +11,7 @@ import torch
 import dcnb
 from dcnb._src import build, events, memory
 from dcnb._src import session as session_module
-from models import Mish, TinyMLP
+from tests.models import Mish, TinyMLP
 
 pytestmark = pytest.mark.compile
 
@@ -66,10 +66,9 @@ def test_recipe_replays_to_the_same_sdfgs_without_rebuilding(mish_session):
 
 
 _COUNT_BUILDS = """
-import sys, torch, dcnb
+import torch, dcnb
 from dcnb._src import events
-sys.path.insert(0, "tests")
-from models import Mish
+from tests.models import Mish
 with events.count() as counted:
     dcnb.optimize(Mish(), torch.rand(3, 5, 7, 9), baselines=(), time_budget=0.05)
 print(counted["build"])

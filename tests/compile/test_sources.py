@@ -12,8 +12,8 @@ import torch
 from dace.codegen import codegen
 from dace.config import Config, temporary_config
 from dace.sdfg import nodes
-from models import Mish
-from zoo import CASES
+from tests.models import Mish
+from tests.zoo import CASES
 
 import dcnb
 from dcnb._src import build

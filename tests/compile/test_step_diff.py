@@ -8,7 +8,7 @@ import pytest
 
 import dcnb
 from dcnb._src.views import graph, render
-from zoo import CASES
+from tests.zoo import CASES
 
 pytestmark = pytest.mark.compile
 

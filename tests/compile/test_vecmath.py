@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dcnb
-from models import Mish
+from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 

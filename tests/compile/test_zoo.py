@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import dcnb
-from zoo import CASES, ZOO, SmallNet
+from tests.zoo import CASES, ZOO, SmallNet
 
 pytestmark = pytest.mark.compile
 

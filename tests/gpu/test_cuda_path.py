@@ -14,8 +14,8 @@ from torch import nn
 import dcnb
 from dcnb._src import native
 from dcnb._src.module import Runner
-from models import Mish, TinyMLP
-from zoo import CASES, ZOO
+from tests.models import Mish, TinyMLP
+from tests.zoo import CASES, ZOO
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
 

@@ -7,7 +7,7 @@ from torch import nn
 
 import dcnb
 from dcnb._src.frontend import _expose_running_statistics, import_module
-from ops import Recurrent
+from tests.ops import Recurrent
 
 
 def test_keyword_defaults_of_forward_are_not_exported_as_tensors():

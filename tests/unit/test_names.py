@@ -19,8 +19,8 @@ from torch import nn
 
 from dcnb._src import frontend, passes, program
 from dcnb._src.views import graph, names
-from hf_models import BY_NAME
-from zoo import CASES
+from tests.hf_models import BY_NAME
+from tests.zoo import CASES
 
 #: clean_onnx_name's spellings: none is left in a readable name
 MANGLED = re.compile("SLASH|DOT|COLON|DASH")

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from zoo import ZOO
+from tests.zoo import ZOO
 
 import dcnb
 from dcnb._src.probe import check_forward
