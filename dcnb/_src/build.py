@@ -301,7 +301,8 @@ class _Compiles:
     def start(self, name: str, fn: Callable, *args) -> None:
         if name in self._children:
             return  # the same SDFG given twice is built once
-        with forked.interrupts_deferred():  # an interrupt between a fork and its record here would leave a child unstopped
+        # an interrupt between a fork and its record here would leave a child unstopped
+        with forked.interrupts_deferred():
             self._children[name] = forked.Child(fn, *args)
         self._deadlines[name] = time.monotonic() + self._limit
 

@@ -1,7 +1,7 @@
 """Import DaCe without the script it shows in notebooks, nor its progress prints.
 
 Imported inside a Jupyter kernel, ``dace`` displays its SDFG viewer's script as an output of the importing cell:
-the whole viewer (7 MB) inlined into the notebook when the machine is offline. dcnb draws SDFGs itself (render.py
+the whole viewer (7 MB) inlined into the notebook when the machine is offline. dcnb draws SDFGs itself (views/render.py
 and the JupyterLab extension), so the import runs with displays captured and saved notebooks stay small.
 """
 

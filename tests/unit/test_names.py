@@ -1,4 +1,4 @@
-"""Readable names (dcnb/_src/views/names.py) for what DaCe's ONNX importer, its expansions and autodiff call things, read
+"""Readable names (views/names.py) for what DaCe's ONNX importer, its expansions and autodiff call things, read
 off the SDFGs of real modules: a transformer block, a conv net and GPT-2's block, imported and differentiated as a
 session does (nothing compiled)."""
 

@@ -1,4 +1,4 @@
-"""Rewriting tasklets' code (tasklet_code.py): symbol declarations in one order in every process."""
+"""Rewriting tasklets' code (passes/tasklet_code.py): symbol declarations in one order in every process."""
 
 import os
 import subprocess

@@ -8,7 +8,7 @@ needs:
   and GCC vectorizes a maximum only where it may also assume no NaN, which no flag of ours allows. RowReduction
   emits the loop with ``#pragma omp simd reduction``: reassociation for this loop only, as OpenMP defines it, so
   the row is reduced a vector at a time. Sums along a row keep DaCe's loop: the build lets GCC reassociate sums
-  (build.py), and as a map that loop can fuse into the one computing its terms (rows.py).
+  (build.py), and as a map that loop can fuse into the one computing its terms (actions/rows.py).
 - down each column (a norm's weight and bias gradients: a sum over all rows per feature): one loop per column
   strides a whole row between elements. ColumnSums walks the rows in order with a tile of columns innermost, one
   tile per thread, so memory is read in order and the inner loop vectorizes without reassociating.
@@ -30,7 +30,7 @@ from .. import dace_internals
 COLUMN_TILE = 128
 #: the fewest columns a tile may have for the column walk to pay
 COLUMN_TILE_MIN = 16
-#: the label of RowReduction's tasklet, whose C++ loop does one operation per element of its row (overlays.py)
+#: the label of RowReduction's tasklet, whose C++ loop does one operation per element of its row (views/overlays.py)
 ROW_TASKLET = "reduce_row"
 #: reduction type -> (OpenMP reduction identifier, how one element updates the accumulator); sums stay DaCe's
 _ROW_UPDATES = {

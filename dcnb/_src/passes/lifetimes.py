@@ -46,7 +46,7 @@ def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
     }
     made = make_transients_persistent(sdfg, dace.DeviceType.CPU)
     # the top level only: a nested SDFG's persistent arrays are freed in the program's exit code, which the views
-    # would then count as that nested SDFG's code (sources.py); those persistent already (auto_optimize's) stay so
+    # would then count as that nested SDFG's code (views/sources.py); those persistent already (auto_optimize's) stay so
     for nested in sdfg.all_sdfgs_recursive():
         if nested is not sdfg:
             for name in made.pop(nested.cfg_id, set()) - {n for g, n in before if g == nested.cfg_id}:
@@ -80,7 +80,7 @@ def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
                 {"__out": dace.Memlet(f"{name}[{', '.join(params)}]")},
                 external_edges=True,
             )
-            # the same nodes in every build of this SDFG, so that a step's picture shows them unchanged (graph.py
+            # the same nodes in every build of this SDFG, so that a step's picture shows them unchanged (views/graph.py
             # matches nodes by guid)
             for role, node in zip(("tasklet", "entry", "exit"), zeroing):
                 node.guid = str(uuid.uuid5(uuid.NAMESPACE_OID, f"{sdfg.name}/zero/{name}/{role}"))
