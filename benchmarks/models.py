@@ -4,7 +4,7 @@ and torch.compile in the step's own interleaved timing run, and how long each st
 transformation, compile, check and timing together).
 
     .venv/bin/python benchmarks/models.py --json                  # one JSON line per model
-    .venv/bin/python benchmarks/models.py --markdown              # the README's table
+    .venv/bin/python benchmarks/models.py --markdown              # benchmarks/NOTES.md's models table
     .venv/bin/python benchmarks/models.py --only bert_layer gpt2_block --batch 8
 
 ``--batch K`` repeats every input K times along its batch dimension (the models' configs are tiny; a larger batch
@@ -185,7 +185,7 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="one JSON line per model")
-    parser.add_argument("--markdown", action="store_true", help="the README's table")
+    parser.add_argument("--markdown", action="store_true", help="benchmarks/NOTES.md's models table")
     parser.add_argument("--only", nargs="+", help="models to run (names from tests/hf_models.py)")
     parser.add_argument("--batch", type=int, default=4, help="times each input is repeated along its batch dimension")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of interleaved timing per step")

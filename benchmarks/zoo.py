@@ -2,7 +2,7 @@
 fast is it after ``auto_optimize`` against PyTorch eager (median forward+backward time, dcnb / torch, measured in
 one interleaved run per entry, at the entry's benchmark shapes).
 
-    .venv/bin/python benchmarks/zoo.py --markdown     # the README's table
+    .venv/bin/python benchmarks/zoo.py --markdown     # docs/coverage.md's zoo table
     .venv/bin/python benchmarks/zoo.py --json         # one JSON line per entry
     .venv/bin/python benchmarks/zoo.py --sweep        # every action on every entry (at test shapes): pass counts
     .venv/bin/python benchmarks/zoo.py --only mlp convnet
@@ -161,7 +161,7 @@ def _sweep_table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--markdown", action="store_true", help="print the README's table")
+    parser.add_argument("--markdown", action="store_true", help="print docs/coverage.md's zoo table")
     parser.add_argument("--json", action="store_true", help="print one JSON line per entry")
     parser.add_argument("--sweep", action="store_true", help="apply every action to every entry")
     parser.add_argument("--only", nargs="+", help="entries to run (names from tests/zoo.py)")

@@ -1,6 +1,7 @@
 """The model zoo: small versions of the modules people bring to dcnb, with example inputs.
 
-Shared by tests/compile/test_zoo.py (correctness of every step) and benchmarks/zoo.py (the README table).
+Shared by tests/compile/test_zoo.py (correctness of every step) and benchmarks/zoo.py (the zoo table of
+docs/coverage.md).
 Shapes are small: the suite compiles each model's forward and backward several times.
 """
 

@@ -116,7 +116,7 @@ def _own_args(sdfg: dace.SDFG, device: str) -> str:
     into the loop computing its terms otherwise runs scalar); it uses 512-bit vectors where ATen picks its AVX-512
     kernels (GCC prefers 256 bits); and it unrolls loops, whose bodies here are a few vector operations on a row of
     a few hundred elements. Elsewhere none pays. NaN and inf keep working (no finite math), and every step still
-    checks its results against PyTorch. Measured: benchmarks/NOTES.md, levers 12, 13, 18 and 23."""
+    checks its results against PyTorch. Measured: benchmarks/NOTES.md, Measured choices."""
     if device != "cpu" or not _sums_in_loops(sdfg):
         return ""
     return " -fassociative-math -funroll-loops" + (" -mprefer-vector-width=512" if _wide_vectors() else "")

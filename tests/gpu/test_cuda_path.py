@@ -91,7 +91,7 @@ def test_cuda_graphs_replay_to_the_same_results(monkeypatch):
     for binary in (runner.forward_binary, runner.backward_binary):
         assert native.cuda_launch(binary)[1], (
             "no CUDA graph can be captured: the CUDA builds launch on the legacy default stream or synchronize the "
-            "host at their end (build.py's max_concurrent_streams, benchmarks/NOTES.md's GPU section)"
+            "host at their end (build.py's max_concurrent_streams, docs/gpu.md)"
         )
     before = [captured for captured, _ in runner._native.graphs(runner._plan)]
     calls = 5

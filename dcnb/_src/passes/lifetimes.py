@@ -37,7 +37,7 @@ def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
 
     Freed at the end of every call, the scratch arrays of a layer (tens of MB) went back to the system (glibc
     trims the heap's top and unmaps large blocks), so each call faulted its pages in again and zeroed them: a
-    quarter of a BERT-mini layer's forward+backward (132 -> 78 ms, benchmarks/NOTES.md, issue 14). A persistent
+    quarter of a BERT-mini layer's forward+backward (132 -> 78 ms, benchmarks/NOTES.md, Measured choices). A persistent
     array is shared by every call of its binary, which the call paths therefore serialize (module.py, native.cpp).
     """
     before = {
