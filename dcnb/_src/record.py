@@ -77,21 +77,13 @@ class Step:
 
     def as_text(self) -> str:
         """A readable report: outcome, checks, memory, and the timing table (Min/Mean/Median/Stdev/Max in ms)."""
-        lines = [f"step {self.index}: {self.title}"]
+        lines = [self.headline]
         if not self.ok:
             lines.append(f"  failed: {self.error}")
             return "\n".join(lines)
-        if self.check is not None:
-            lines.append(
-                f"  allclose: {'yes' if self.check.ok else 'NO'} (max abs error {self.check.max_abs_error:.3g}"
-                f" in {self.check.worst or 'nothing'})"
-            )
-        if self.intermediate_bytes is not None:
-            lines.append(f"  intermediate memory: {self.intermediate_bytes / MIB:.2f} MiB")
-        if self.compile_seconds is not None:
-            lines.append(f"  compile: {self.compile_seconds:.1f} s" + (" (cached)" if self.compile_seconds == 0 else ""))
-        if self.cuda is not None:
-            lines.append(f"  {self.cuda.text}" + (" (its log: Step.cuda.log)" if self.cuda.log else ""))
+        lines.extend(f"  {fact}" for fact in self.facts())
+        if self.cuda is not None and self.cuda.log:
+            lines[-1] += " (its log: Step.cuda.log)"
         if self.timings:
             lines.append("")
             lines.extend("  " + row for row in timing_table(self.timings))
@@ -106,6 +98,34 @@ class Step:
         if self.options:
             text += " " + " ".join(f"{k}={v!r}" for k, v in self.options.items())
         return text
+
+    @property
+    def headline(self) -> str:
+        """``step <index>: <title>``, how every view opens a step."""
+        return f"step {self.index}: {self.title}"
+
+    def facts(self) -> list[str]:
+        """What a good step measured, a clause each: allclose, intermediate memory, compile time, its CUDA build."""
+        found = []
+        if self.check is not None:
+            found.append(
+                f"allclose: {'yes' if self.check.ok else 'NO'} (max abs error {self.check.max_abs_error:.3g}"
+                f" in {self.check.worst or 'nothing'})"
+            )
+        if self.intermediate_bytes is not None:
+            found.append(f"intermediate memory: {self.intermediate_bytes / MIB:.2f} MiB")
+        if self.compile_seconds is not None:
+            found.append(f"compile: {self.compile_seconds:.1f} s" + (" (cached)" if self.compile_seconds == 0 else ""))
+        if self.cuda is not None:
+            found.append(self.cuda.text)
+        return found
+
+    @property
+    def summary(self) -> str:
+        """The step in one line, as the widget shows it: its headline and outcome, then its ``facts``."""
+        if not self.ok:
+            return f"{self.headline} failed: {self.error}"
+        return " · ".join([self.headline, *self.facts()])
 
     def __str__(self) -> str:
         return self.as_text()

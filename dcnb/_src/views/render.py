@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ..record import MIB, Row, Step, Table, tabulate_history, tabulate_timings
+from ..record import Row, Step, Table, tabulate_history, tabulate_timings
 from ..session import Session
 from . import graph as graphs
 from . import names, overlays, profile
@@ -42,7 +42,7 @@ _SHAPES = {
 }
 # what the step did to a node, as its outline: the same colours as the widget's view
 _CHANGES = {graphs.ADDED: ("#2b8a3e", "added"), graphs.CHANGED: ("#f59f00", "changed")}
-#: the most removed nodes the line under a graph names
+#: the most removed nodes the line under a graph names (here and in the widget's view, which it is sent to)
 REMOVED_SHOWN = 12
 
 
@@ -120,23 +120,11 @@ def history(session: Session) -> Table:
 
 
 def step_html(step: Step) -> str:
-    """One step: ok or the reason it failed, allclose, memory, compile time, and its timing table."""
+    """One step: its summary (``Step.summary``'s headline and facts) and its timing table."""
     step = titled(step)
     if not step.ok:
-        return f"<p><b>step {step.index}: {_e(step.title)} failed</b>: {_e(step.error or '')}</p>"
-    rows = []
-    if step.check is not None:
-        rows.append(
-            f"allclose: <b>{'yes' if step.check.ok else 'NO'}</b> (max abs error {step.check.max_abs_error:.3g} "
-            f"in {_e(step.check.worst or 'nothing')})"
-        )
-    if step.intermediate_bytes is not None:
-        rows.append(f"intermediate memory: {step.intermediate_bytes / MIB:.2f} MiB")
-    if step.compile_seconds is not None:
-        rows.append(f"compile: {step.compile_seconds:.1f} s" + (" (cached)" if step.compile_seconds == 0 else ""))
-    if step.cuda is not None:
-        rows.append(_e(step.cuda.text))
-    text = f"<p><b>step {step.index}: {_e(step.title)}</b> &middot; " + " &middot; ".join(rows) + "</p>"
+        return f"<p><b>{_e(step.headline)} failed</b>: {_e(step.error or '')}</p>"
+    text = " &middot; ".join([f"<p><b>{_e(step.headline)}</b>", *map(_e, step.facts())]) + "</p>"
     if step.cuda is not None and step.cuda.log:
         text += f"<details><summary>CUDA build log</summary><pre>{_e(step.cuda.log)}</pre></details>"
     return text + table_html(tabulate_timings(step.timings))
@@ -416,7 +404,8 @@ def _dot_node(node: dict[str, Any], indent: str, heat: _Heat | None, note: str =
 
 #: the overlays' metrics in the widget's order, as its selector names them
 _OVERLAYS = {"bytes": "bytes", "flops": "FLOPs", "intensity": "intensity", "ms": "time"}
-#: light yellow to dark red (ColorBrewer's YlOrRd), the widget's heat colours (labextension/src/overlay.ts)
+#: light yellow to dark red (ColorBrewer's YlOrRd), readable under black labels at its light end; the widget's view
+#: colours by them too (sent in its ``constants``)
 HEAT_COLOURS = ("#ffffb2", "#fecc5c", "#fd8d3c", "#f03b20", "#bd0026")
 _UNITS = {"bytes": "B", "flops": "FLOP", "intensity": "FLOP/byte", "ms": "ms"}
 #: rows of each profile table shown
