@@ -1,5 +1,5 @@
-// What the session widget's traits hold (dcnb/_src/views/widget.py), and the one-line summary of a step. Pure code,
-// tested under node.
+// What the session widget's traits hold (dcnb/_src/views/widget.py; protocol.ts, generated from it, names which
+// trait holds which), and how the view writes a share and a duration. Pure code, tested under node.
 import { Picture } from './layout';
 import { TableData } from './tables';
 
@@ -27,6 +27,8 @@ export interface StepData {
   index: number;
   name: string;
   title: string;
+  // the step in one line, as the kernel words it (Step.summary)
+  summary: string;
   ok: boolean;
   error: string | null;
   applied: number;
@@ -50,40 +52,10 @@ export interface ActionData {
   matches: number;
 }
 
-const MIB = 1 << 20;
+export type Tab = 'forward' | 'backward';
 
-function num(value: number | null | undefined, digits = 3): string {
-  return value === null || value === undefined ? '' : value.toFixed(digits);
-}
-
-function sci(value: number | null | undefined): string {
-  return value === null || value === undefined ? '' : value.toExponential(2);
-}
-
-function mib(bytes: number | null | undefined): string {
-  return bytes === null || bytes === undefined ? '' : (bytes / MIB).toFixed(2);
-}
-
-// The one-line summary of a step: allclose, memory, compile time, its CUDA build.
-export function stepSummary(step: StepData): string {
-  if (!step.ok) {
-    return `step ${step.index}: ${step.title} failed: ${step.error ?? ''}`;
-  }
-  const parts = [`step ${step.index}: ${step.title}`];
-  if (step.max_abs_error !== null) {
-    parts.push(`allclose: yes (max abs error ${sci(step.max_abs_error)})`);
-  }
-  if (step.intermediate_bytes !== null) {
-    parts.push(`intermediate memory: ${mib(step.intermediate_bytes)} MiB`);
-  }
-  if (step.compile_seconds !== null) {
-    parts.push(`compile: ${num(step.compile_seconds, 1)} s${step.compile_seconds === 0 ? ' (cached)' : ''}`);
-  }
-  if (step.cuda) {
-    parts.push(step.cuda.text);
-  }
-  return parts.join(' · ');
-}
+// `graphs`: the pictures of the shown step
+export type Graphs = Partial<Record<Tab, Picture | null>>;
 
 // `before`: the pictures of the step the shown one was made from ({} where there is none).
 export interface BeforeData {
@@ -99,16 +71,19 @@ export interface SourceData {
   nodes: Record<string, [number, number]>;
 }
 
+// `sources`: each side's generated code ({} where it was not read)
+export type Sources = Partial<Record<Tab, SourceData | null>>;
+
 // `profile`: the instrumented build's top kernels, beside PyTorch eager's top ops ({} before a profile).
 export interface ProfileData {
   step?: number;
-  rows?: { guid: string; name: string; side: 'forward' | 'backward'; ms: number; share: number }[];
+  rows?: { guid: string; name: string; side: Tab; ms: number; share: number }[];
   eager?: { name: string; ms: number; share: number }[];
 }
 
 // One place an action matches (`matches`, by action name): the labels `where` takes, their readable names.
 export interface MatchData {
-  side: 'forward' | 'backward';
+  side: Tab;
   labels: string[];
   names: string[];
   // the guids of the place's nodes (the pictures' `guid`): two nodes of one label are two places

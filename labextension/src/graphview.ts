@@ -23,7 +23,8 @@ import {
   StateData,
   statesById
 } from './layout';
-import { Heat, HEAT_COLOURS, heatColour, heatPosition, heatScale, metricText, Overlay, OVERLAYS } from './overlay';
+import { Heat, heatColour, heatPosition, heatScale, metricText, Overlay, OVERLAYS } from './overlay';
+import { Constants } from './protocol';
 
 export interface GraphViewOptions {
   // node labels (what `where` matches) chosen by clicking; called whenever the selection changes
@@ -32,10 +33,10 @@ export interface GraphViewOptions {
   layout: (graph: Picture, collapsed: Set<string>) => Promise<Layout>;
   // the node whose details are shown, or null (the session widget shows its generated code beside them)
   onDetails?: (node: NodeData | null) => void;
+  // the heat colours and the most removed nodes the line under the graph names (its tooltip names them all), as
+  // the kernel sends them (the widget's `constants`)
+  constants: Constants;
 }
-
-// the most removed nodes the line under the graph names (its tooltip names them all)
-const REMOVED_SHOWN = 12;
 // how long the wheel rests before the SVG is drawn at the scale it zoomed to
 export const ZOOM_REST_MS = 150;
 
@@ -396,7 +397,7 @@ export class GraphView {
     const value = this.overlay ? node.metrics?.[this.overlay] : undefined;
     if (heat && value && value > 0) {
       g.classList.toggle('dcnb-heat', true);
-      g.setAttribute('style', `--dcnb-heat: ${heatColour(heat, value)}`);
+      g.setAttribute('style', `--dcnb-heat: ${heatColour(heat, value, this.options.constants.heat_colours)}`);
     }
     const toggle = isContainer(node) ? toggleAt(p, open) : null;
     const text = open
@@ -544,8 +545,9 @@ export class GraphView {
     const states = this.graph ? statesById(this.graph) : new Map<string, StateData>();
     const where = (id: string | null) => (id === null ? '' : `, in ${states.get(id)?.label ?? id}`);
     const names = removed.map(r => `${r.name} (${r.kind.replace('_', ' ')}${where(r.state)})`);
-    const more = names.length > REMOVED_SHOWN ? `, and ${names.length - REMOVED_SHOWN} more` : '';
-    this.removed.textContent = names.length ? `removed: ${names.slice(0, REMOVED_SHOWN).join(', ')}${more}` : '';
+    const shown = this.options.constants.removed_shown;
+    const more = names.length > shown ? `, and ${names.length - shown} more` : '';
+    this.removed.textContent = names.length ? `removed: ${names.slice(0, shown).join(', ')}${more}` : '';
     this.removed.title = names.join('\n');
     this.removed.style.display = names.length ? 'block' : 'none';
   }
@@ -560,7 +562,8 @@ export class GraphView {
       return;
     }
     const bar = el('span', 'dcnb-legend-bar');
-    bar.setAttribute('style', `background: linear-gradient(to right, ${HEAT_COLOURS.join(', ')})`);
+    const colours = this.options.constants.heat_colours.join(', ');
+    bar.setAttribute('style', `background: linear-gradient(to right, ${colours})`);
     this.legend.append(
       el('span', '', `${overlayName(overlay)} (log scale): ${metricText(overlay, heat.min)}`),
       bar,

@@ -1,5 +1,6 @@
-// The overlays: a node metric (the kernel's estimate or the profile's time) as a heat colour on a log scale. Pure
-// code, tested under node.
+// The overlays: a node metric (the kernel's estimate or the profile's time) as a heat colour on a log scale, between
+// the colours the kernel sends (`constants.heat_colours`, those of the static rendering). Pure code, tested under
+// node.
 import { Metrics } from './layout';
 
 export type Overlay = keyof Metrics;
@@ -12,9 +13,6 @@ export const OVERLAYS: [Overlay | '', string][] = [
   ['intensity', 'intensity'],
   ['ms', 'time']
 ];
-
-// light yellow to dark red: ColorBrewer's YlOrRd, readable under black labels at its light end
-export const HEAT_COLOURS = ['#ffffb2', '#fecc5c', '#fd8d3c', '#f03b20', '#bd0026'];
 
 export interface Heat {
   min: number;
@@ -40,10 +38,11 @@ export function heatPosition(heat: Heat, value: number): number {
   return Math.min(1, Math.max(0, t));
 }
 
-export function heatColour(heat: Heat, value: number): string {
-  const t = heatPosition(heat, value) * (HEAT_COLOURS.length - 1);
-  const i = Math.min(Math.floor(t), HEAT_COLOURS.length - 2);
-  const [a, b] = [rgb(HEAT_COLOURS[i]), rgb(HEAT_COLOURS[i + 1])];
+// The colour of a value: between the two of `colours` (low to high, evenly spaced) its position falls between.
+export function heatColour(heat: Heat, value: number, colours: string[]): string {
+  const t = heatPosition(heat, value) * (colours.length - 1);
+  const i = Math.min(Math.floor(t), colours.length - 2);
+  const [a, b] = [rgb(colours[i]), rgb(colours[i + 1])];
   const mix = a.map((c, k) => Math.round(c + (b[k] - c) * (t - i)));
   return `rgb(${mix.join(', ')})`;
 }

@@ -9,6 +9,7 @@ import { el } from './dom';
 import { GraphView } from './graphview';
 import { Picture } from './layout';
 import { layoutCached } from './layoutclient';
+import { Constants, DEFAULTS } from './protocol';
 
 export const SESSION_MIME = 'application/vnd.dcnb.session+json';
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
@@ -44,7 +45,7 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
   }
 
   async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
-    const data = model.data[SESSION_MIME] as { model_id?: string } | undefined;
+    const data = model.data[SESSION_MIME] as SavedSession | undefined;
     const modelId = data?.model_id ?? '';
     if (this.isLive && modelId === this.modelId) {
       // the live view already shows what changed; only the saved static rendering moved on
@@ -94,10 +95,11 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
     const box = new Panel();
     this.static_ = box;
     this.addWidget(box);
-    const graphs = (model.data[SESSION_MIME] as { graphs?: Record<string, Picture | null> } | undefined)?.graphs;
-    if (graphs?.forward) {
-      // the pictures, drawn as the live widget draws them (in place of the static SVGs)
-      box.addWidget(new KernelFreeGraphs(graphs));
+    const saved = model.data[SESSION_MIME] as SavedSession | undefined;
+    if (saved?.graphs?.forward) {
+      // the pictures, drawn as the live widget draws them (in place of the static SVGs); an output saved before
+      // the kernel sent its constants takes Python's defaults
+      box.addWidget(new KernelFreeGraphs(saved.graphs, saved.constants ?? DEFAULTS.constants));
       box.addClass('dcnb-has-graphs');
     }
     // the text/html renderer sanitizes the markup of untrusted notebooks
@@ -138,13 +140,21 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
   }
 }
 
+// What dcnb's output carries beside its text/html (widget.py's _repr_mimebundle_).
+interface SavedSession {
+  model_id?: string;
+  graphs?: Record<string, Picture | null>;
+  constants?: Constants;
+}
+
 // Forward / Backward tabs over a graph view: what a reader without the kernel can still explore. Disposed with
 // the renderer (a Panel disposes its widgets), which takes the view's window listeners away.
 class KernelFreeGraphs extends Widget {
-  private readonly view = new GraphView({ onSelect: () => undefined, layout: layoutCached });
+  private readonly view: GraphView;
 
-  constructor(graphs: Record<string, Picture | null>) {
+  constructor(graphs: Record<string, Picture | null>, constants: Constants) {
     super({ node: el('div', 'dcnb-session dcnb-kernel-free') });
+    this.view = new GraphView({ onSelect: () => undefined, layout: layoutCached, constants });
     const bar = el('div', 'dcnb-tabs');
     const tabs: HTMLButtonElement[] = [];
     for (const name of ['forward', 'backward']) {

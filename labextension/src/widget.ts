@@ -1,31 +1,19 @@
-// SessionModel / SessionView: the session widget. The model mirrors dcnb/_src/views/widget.py's traits; the view
-// draws them and sends requests ({event: 'apply' | 'undo' | 'reset' | 'export' | 'show' | 'profile'}); Python
-// does the work.
+// SessionModel / SessionView: the session widget. The model holds dcnb/_src/views/widget.py's traits (protocol.ts,
+// generated from them, types them); the view draws them and sends the requests protocol.ts lists; Python does the
+// work.
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
+import { Asks } from './asks';
 import { historyChart } from './chart';
 import { CodeView } from './codeview';
 import { el } from './dom';
-import {
-  ActionData,
-  BeforeData,
-  elapsed,
-  MatchData,
-  percent,
-  ProfileData,
-  SourceData,
-  StepData,
-  stepSummary
-} from './format';
+import { BeforeData, elapsed, MatchData, percent, Tab } from './format';
 import { GraphView } from './graphview';
 import { displayName, NodeData, Picture } from './layout';
 import { layoutAhead, layoutCached } from './layoutclient';
 import { Overlay, OVERLAYS } from './overlay';
-import { drawTable, TableData } from './tables';
-import { MODULE_NAME, MODULE_VERSION } from './version';
-
-type Tab = 'forward' | 'backward';
-type Graphs = Partial<Record<Tab, Picture | null>>;
+import { DEFAULTS, SessionMessage, SessionState } from './protocol';
+import { drawTable } from './tables';
 
 // the nodes whose generated code the code panel shows
 const CODE_KINDS = new Set(['map_entry', 'map_exit', 'tasklet', 'library', 'nested']);
@@ -38,32 +26,7 @@ interface KernelHolder {
 
 export class SessionModel extends DOMWidgetModel {
   defaults(): Backbone.ObjectHash {
-    return {
-      ...super.defaults(),
-      _model_name: 'SessionModel',
-      _view_name: 'SessionView',
-      _model_module: MODULE_NAME,
-      _view_module: MODULE_NAME,
-      _model_module_version: MODULE_VERSION,
-      _view_module_version: MODULE_VERSION,
-      title: '',
-      variable: '',
-      graphs: {},
-      before: {},
-      // the step whose pictures `graphs` holds; null: the current one
-      shown: null,
-      steps: [],
-      history: null,
-      current: 0,
-      actions: [],
-      matches: {},
-      selection: [],
-      sources: {},
-      profile: {},
-      busy: '',
-      message: '',
-      recipe: '[]'
-    };
+    return { ...super.defaults(), ...DEFAULTS };
   }
 
   static serializers: ISerializers = { ...DOMWidgetModel.serializers };
@@ -97,21 +60,36 @@ export class SessionView extends DOMWidgetView {
   private ticker: number | null = null;
   // closes the open list of an action's matches
   private closeMatches: (() => void) | null = null;
+  private readonly asks = new Asks(message => this.request(message));
+
+  // One trait, typed as protocol.ts declares it.
+  private get<K extends keyof SessionState>(key: K): SessionState[K] {
+    return this.model.get(key);
+  }
+
+  private setSelection(labels: string[]): void {
+    this.model.set('selection', labels);
+    this.model.save_changes();
+  }
+
+  private request(message: SessionMessage): void {
+    this.send(message);
+  }
 
   render(): void {
     this.el.classList.add('dcnb-session');
     this.titleLine = el('div', 'dcnb-title');
     this.graphView = new GraphView({
       onSelect: labels => {
-        this.model.set('selection', labels);
-        this.model.save_changes();
+        this.setSelection(labels);
         this.renderSelection();
       },
       onDetails: node => {
         this.detailed = node;
         this.renderCode();
       },
-      layout: layoutCached
+      layout: layoutCached,
+      constants: this.get('constants')
     });
     this.codeView = new CodeView();
     this.whereLine = el('div', 'dcnb-where');
@@ -139,6 +117,7 @@ export class SessionView extends DOMWidgetView {
       this.renderGraph(false);
       this.renderOverlayChoice();
     });
+    this.listenTo(this.model, 'change:graphs change:inspected', () => this.asks.update(key => this.get(key)));
     this.listenTo(this.model, 'change:before', () => {
       // a new step's `before` comes with its `graphs`, which redraw: only a toggle left without pictures redraws
       if (this.previous && !this.hasBefore()) {
@@ -157,7 +136,7 @@ export class SessionView extends DOMWidgetView {
     this.listenTo(this.model, 'change:sources', () => this.renderCode());
     this.listenTo(this.model, 'change:profile', () => this.renderProfile());
     this.listenTo(this.model, 'change:selection', () => {
-      this.graphView.setSelection(this.model.get('selection'));
+      this.graphView.setSelection(this.get('selection'));
       this.renderSelection();
     });
     this.listenTo(this.model, 'change:title', () => this.renderTitle());
@@ -170,6 +149,7 @@ export class SessionView extends DOMWidgetView {
     this.renderProfile();
     this.renderResults();
     this.renderWhere();
+    this.asks.update(key => this.get(key));
   }
 
   remove(): any {
@@ -241,23 +221,23 @@ export class SessionView extends DOMWidgetView {
   }
 
   private renderTitle(): void {
-    this.titleLine.textContent = `dcnb session ${this.model.get('variable')}: ${this.model.get('title')}`;
+    this.titleLine.textContent = `dcnb session ${this.get('variable')}: ${this.get('title')}`;
   }
 
   private before(): BeforeData {
-    return (this.model.get('before') as BeforeData | null) ?? {};
+    return this.get('before');
   }
 
   // The picture the tab shows: the shown step's, or the one of the step it was made from.
   private picture(): Picture | null {
-    const graphs = this.model.get('graphs') as Graphs;
+    const graphs = this.get('graphs');
     return (this.previous ? this.before()[this.tab] : graphs[this.tab]) ?? null;
   }
 
   private renderGraph(fresh: boolean): void {
-    const graphs = this.model.get('graphs') as Graphs;
+    const graphs = this.get('graphs');
     this.tabs.backward.disabled = !graphs.backward;
-    this.graphView.setGraph(this.picture(), this.model.get('selection'), fresh);
+    this.graphView.setGraph(this.picture(), this.get('selection'), fresh);
     // the other tab's picture, laid out while this one is looked at (the worker takes this one's first)
     const other = graphs[this.tab === 'forward' ? 'backward' : 'forward'];
     if (other && !this.previous) {
@@ -299,20 +279,20 @@ export class SessionView extends DOMWidgetView {
 
   // The overlay selector: there where some node or memlet carries a metric.
   private renderOverlayChoice(): void {
-    const graphs = this.model.get('graphs') as Graphs;
+    const graphs = this.get('graphs');
     const measured = (Object.values(graphs) as (Picture | null)[]).some(g => g && hasMetrics(g));
     this.overlayChoice.style.display = measured ? '' : 'none';
   }
 
   private shown(): number {
-    return (this.model.get('shown') as number | null) ?? (this.model.get('current') as number);
+    return this.get('shown');
   }
 
   // Which step the graph shows, where it is not the session's current one.
   private renderWhere(): void {
-    const current = this.model.get('current') as number;
+    const current = this.get('current');
     const shown = this.shown();
-    const steps = this.model.get('steps') as StepData[];
+    const steps = this.get('steps');
     this.whereLine.replaceChildren();
     if (shown !== current) {
       const step = steps.find(s => s.index === shown);
@@ -320,7 +300,7 @@ export class SessionView extends DOMWidgetView {
         el('span', '', `Showing step ${shown}${step ? ` (${step.title})` : ''}; the session is at step ${current}. `)
       );
       const back = el('button', 'dcnb-small dcnb-back', 'Back to the current step');
-      back.addEventListener('click', () => this.send({ event: 'show', index: null }));
+      back.addEventListener('click', () => this.request({ event: 'show', index: null }));
       this.whereLine.appendChild(back);
     }
     if (this.previous) {
@@ -334,7 +314,7 @@ export class SessionView extends DOMWidgetView {
   // The generated code of the node whose details are shown, where the kernel sent it.
   private renderCode(): void {
     const node = this.detailed;
-    const sources = (this.model.get('sources') as Partial<Record<Tab, SourceData | null>> | null) ?? {};
+    const sources = this.get('sources');
     const source = sources[this.tab];
     const range = node?.guid && source ? source.nodes[node.guid] : undefined;
     // the code is the shown step's: a node of the step before may have none or other lines
@@ -342,16 +322,16 @@ export class SessionView extends DOMWidgetView {
       this.codeView.hide();
       return;
     }
-    const filename = `${this.model.get('variable') || 'session'}.${this.tab}.${source.language === 'cuda' ? 'cu' : 'cpp'}`;
+    const filename = `${this.get('variable') || 'session'}.${this.tab}.${source.language === 'cuda' ? 'cu' : 'cpp'}`;
     this.codeView.show(source, range, displayName(node), filename);
   }
 
   private renderActions(): void {
     this.closeMatches?.();
-    const actions = this.model.get('actions') as ActionData[];
-    const matches = (this.model.get('matches') as Record<string, MatchData[]> | null) ?? {};
-    const busy = Boolean(this.model.get('busy'));
-    const where = this.model.get('selection') as string[];
+    const actions = this.get('actions');
+    const matches = this.get('matches');
+    const busy = Boolean(this.get('busy'));
+    const where = this.get('selection');
     this.actionBar.replaceChildren();
     for (const a of actions) {
       // a disabled button shows no tooltip in every browser: the tip sits on a wrapper
@@ -363,7 +343,7 @@ export class SessionView extends DOMWidgetView {
         `${a.description}\n${a.phase}; ` +
         (a.matches ? `matches ${a.matches} place(s)` : 'matches nothing here') +
         (where.length ? ` in the selection` : '');
-      b.addEventListener('click', () => this.send({ event: 'apply', name: a.name, where: where.length ? where : null }));
+      b.addEventListener('click', () => this.request({ event: 'apply', name: a.name, where: where.length ? where : null }));
       wrap.appendChild(b);
       const places = matches[a.name] ?? [];
       if (places.length) {
@@ -377,18 +357,18 @@ export class SessionView extends DOMWidgetView {
       this.actionBar.appendChild(wrap);
     }
     this.actionBar.appendChild(el('span', 'dcnb-spacer'));
-    const steps = this.model.get('steps') as StepData[];
+    const steps = this.get('steps');
     for (const [label, event, tip, enabled] of [
-      ['Undo', 'undo', 'go back to the state before the last good step', this.model.get('current') > 0],
+      ['Undo', 'undo', 'go back to the state before the last good step', this.get('current') > 0],
       ['Reset', 'reset', 'go back to the naive step', steps.length > 1],
       ['Profile', 'profile', 'build with instrumentation and time each kernel of the current step', true],
       ['Export recipe', 'export', 'write the recipe to a file that %%dcoptimize --recipe replays', true]
-    ] as [string, string, string, boolean][]) {
+    ] as [string, 'undo' | 'reset' | 'profile' | 'export', string, boolean][]) {
       const b = el('button', 'dcnb-control', label);
       b.dataset.event = event;
       b.title = tip;
       b.disabled = busy || !enabled;
-      b.addEventListener('click', () => this.send({ event }));
+      b.addEventListener('click', () => this.request({ event }));
       this.actionBar.appendChild(b);
     }
   }
@@ -413,7 +393,7 @@ export class SessionView extends DOMWidgetView {
       item.addEventListener('mouseleave', () => this.graphView.highlight(null));
       item.addEventListener('click', () => {
         this.closeMatches?.();
-        this.send({ event: 'apply', name, match: index });
+        this.request({ event: 'apply', name, match: index });
       });
       list.appendChild(item);
     });
@@ -439,7 +419,7 @@ export class SessionView extends DOMWidgetView {
   }
 
   private renderSelection(): void {
-    const where = this.model.get('selection') as string[];
+    const where = this.get('selection');
     this.selectionLine.replaceChildren();
     if (!where.length) {
       this.selectionLine.textContent = 'Actions apply everywhere; select nodes in the graph to narrow them.';
@@ -447,17 +427,14 @@ export class SessionView extends DOMWidgetView {
     }
     this.selectionLine.appendChild(document.createTextNode(`Actions apply where: ${where.join(', ')} `));
     const clear = el('button', 'dcnb-small', 'clear');
-    clear.addEventListener('click', () => {
-      this.model.set('selection', []);
-      this.model.save_changes();
-    });
+    clear.addEventListener('click', () => this.setSelection([]));
     this.selectionLine.appendChild(clear);
   }
 
   // A request's progress: its phase (what `busy` says) and the seconds it and the whole request took so far,
   // every second.
   private onBusy(): void {
-    const busy = this.model.get('busy') as string;
+    const busy = this.get('busy');
     const now = Date.now();
     if (busy && !this.phase) {
       this.requestSince = now;
@@ -494,13 +471,13 @@ export class SessionView extends DOMWidgetView {
     this.status.classList.toggle('dcnb-busy', Boolean(busy));
     this.statusText.textContent = busy
       ? `working: ${busy}… ${elapsed(this.phaseSince, now)} in this phase, ${elapsed(this.requestSince, now)} in all `
-      : (this.model.get('message') as string);
+      : this.get('message');
     this.cancel.style.display = busy && this.kernel() ? '' : 'none';
   }
 
   // The profile's top kernels beside PyTorch eager's top ops; a click on a kernel shows it in the graph.
   private renderProfile(): void {
-    const profile = (this.model.get('profile') as ProfileData | null) ?? {};
+    const profile = this.get('profile');
     this.profileBox.replaceChildren();
     this.profileBox.style.display = profile.rows?.length ? '' : 'none';
     if (!profile.rows?.length) {
@@ -525,7 +502,7 @@ export class SessionView extends DOMWidgetView {
 
   // The shown step's picture of a side (a place or a kernel is there).
   private showSide(side: Tab): void {
-    const graphs = this.model.get('graphs') as Graphs;
+    const graphs = this.get('graphs');
     const redraw = this.leavePrevious();
     if (side !== this.tab && graphs[side]) {
       this.showTab(side);
@@ -540,8 +517,8 @@ export class SessionView extends DOMWidgetView {
   }
 
   private renderResults(): void {
-    const steps = this.model.get('steps') as StepData[];
-    const current = this.model.get('current') as number;
+    const steps = this.get('steps');
+    const current = this.get('current');
     const shownIndex = this.shown();
     const last = steps[steps.length - 1];
     this.result.replaceChildren();
@@ -549,7 +526,7 @@ export class SessionView extends DOMWidgetView {
       const other = shownIndex !== current ? steps.find(s => s.index === shownIndex) : undefined;
       const shown = other ?? (last.ok ? last : steps.find(s => s.index === current) ?? last);
       if (!last.ok && !other) {
-        this.result.appendChild(el('div', 'dcnb-error', stepSummary(last)));
+        this.result.appendChild(el('div', 'dcnb-error', last.summary));
         if (last.log) {
           const log = el('details', 'dcnb-log');
           log.append(el('summary', '', 'compiler log'), el('pre', '', last.log));
@@ -557,7 +534,7 @@ export class SessionView extends DOMWidgetView {
         }
         this.result.appendChild(el('div', 'dcnb-note', `The session stays at step ${current}.`));
       }
-      this.result.appendChild(el('div', 'dcnb-summary', stepSummary(shown)));
+      this.result.appendChild(el('div', 'dcnb-summary', shown.summary));
       if (shown.cuda?.log) {
         const log = el('details', 'dcnb-log');
         log.append(el('summary', '', 'CUDA build log'), el('pre', '', shown.cuda.log));
@@ -573,7 +550,7 @@ export class SessionView extends DOMWidgetView {
     }
     this.history.replaceChildren(el('div', 'dcnb-heading', 'History'));
     // a row of the history is a step (both come from the session's history): a click shows its graphs
-    const history = drawTable(this.model.get('history') as TableData | null, (i, row) => {
+    const history = drawTable(this.get('history'), (i, row) => {
       const step = steps[i];
       if (!step?.ok) {
         return;
@@ -581,7 +558,7 @@ export class SessionView extends DOMWidgetView {
       row.classList.toggle('dcnb-clickable', true);
       row.classList.toggle('dcnb-shown', step.index === shownIndex && shownIndex !== current);
       row.title = step.index === current ? 'the current step' : `show the graphs of step ${step.index}`;
-      row.addEventListener('click', () => this.send({ event: 'show', index: step.index }));
+      row.addEventListener('click', () => this.request({ event: 'show', index: step.index }));
     });
     for (const part of [history, historyChart(steps)]) {
       if (part) {

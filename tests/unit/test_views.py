@@ -354,6 +354,16 @@ class _Shown:
     def previous_step(self, index: int | None = None) -> int | None:
         return None
 
+    def analysis(self, index: int | None = None) -> "_NothingWorkedOut":
+        return _NothingWorkedOut()
+
+
+class _NothingWorkedOut:
+    """A step's analysis where nothing was worked out (there are no SDFGs here to work anything out of)."""
+
+    def known(self, name: str) -> None:
+        return None
+
 
 def test_the_text_the_static_html_and_the_widget_show_the_same_tables(monkeypatch):
     timings = {n: Timing.of([ms, ms * 1.5]) for n, ms in (("dcnb", 2.0), ("torch", 3.0), ("torch_compile", 2.5))}
@@ -383,6 +393,18 @@ def test_the_text_the_static_html_and_the_widget_show_the_same_tables(monkeypatc
     assert _text_rows(record.timing_table(naive.timings)[1:]) == timing
     assert _Tables(render.step_html(naive)).rows("timing") == timing
     assert w.steps[1]["timing"]["rows"] == [] and "dcnb-timing" not in render.step_html(failed)
+
+    # each step's line is worded once (Step.summary): the widget shows it as sent, the static HTML has its words
+    assert [s["summary"] for s in w.steps] == [
+        "step 0: naive · allclose: yes (max abs error 3e-07 in output) · intermediate memory: 3.00 MiB · compile: "
+        "1.2 s",
+        "step 1: map_fusion (where x) failed: map_fusion matches nothing",
+        "step 2: tasklet_fusion · intermediate memory: 0.00 MiB · compile: 0.0 s (cached)",
+    ]
+    for step, sent in zip(session.history, w.steps):
+        line = re.sub(r"<[^>]+>", "", render.step_html(step).split("<table")[0]).replace("&middot;", "·")
+        assert line == sent["summary"]
+    assert naive.as_text().splitlines()[:4] == [naive.headline, *("  " + fact for fact in naive.facts()[:3])]
 
 
 def test_a_failed_steps_reason_stays_on_its_row_of_text():

@@ -1,12 +1,16 @@
 """SessionWidget: the session as a Jupyter widget. Its traits mirror the session; the browser only asks.
 
-The view (``labextension/src/widget.ts``) draws ``graphs``, ``steps``, ``history`` and ``actions`` and sends
-messages: ``{event: "apply", name, where}`` (or ``match``: an index into ``matches[name]``), ``{event: "undo"}``,
-``{event: "reset"}``, ``{event: "export"}``, ``{event: "show", index}`` (draw that step, against the one it was
-made from; ``null``: the current one). Each one calls the Session and then refreshes the traits, so the Python
-session is the only state. Its Cancel button interrupts the kernel: the step under way ends as cancelled and the
-session stays at its last good step. The tables come formatted (``record.Table``): the view draws their cells as
-the text and the static HTML show them.
+The view (``labextension/src/widget.ts``) draws ``graphs``, ``steps``, ``history`` and ``actions`` and sends the
+messages ``EVENTS`` names: ``{event: "apply", name, where}`` (or ``match``: an index into ``matches[name]``),
+``{event: "undo"}``, ``{event: "reset"}``, ``{event: "export"}``, ``{event: "show", index}`` (draw that step,
+against the one it was made from; ``null``: the current one), ``{event: "profile"}``, and on its own
+``{event: "inspect", index}`` where the shown step came without its code and metrics (``inspected``). Each one
+calls the Session and then refreshes the traits, so the Python session is the only state. The traits and
+``EVENTS`` are the protocol: ``protocol.py`` writes them out as the view's ``protocol.ts``.
+
+Its Cancel button interrupts the kernel: the step under way ends as cancelled and the session stays at its last
+good step. The tables come formatted (``record.Table``), the steps summed up (``Step.summary``): the view shows
+the text the static HTML shows.
 """
 
 from __future__ import annotations
@@ -35,6 +39,20 @@ SIDES = ("forward", "backward")
 INSPECT_AT_ONCE = 400
 #: dcnb's output: the labextension renders the live widget where the kernel holds it, else the static text/html
 SESSION_MIME = "application/vnd.dcnb.session+json"
+#: the requests the view sends, ``{event: name, **arguments}``: name -> each argument and its type (an argument that
+#: may be None may be left out)
+EVENTS: dict[str, dict[str, Any]] = {
+    "apply": {"name": str, "where": list[str] | None, "match": int | None},
+    "undo": {},
+    "reset": {},
+    "export": {},
+    "show": {"index": int | None},
+    "inspect": {"index": int | None},
+    "profile": {},
+}
+#: the values the view draws by that the static rendering shares (``constants``; the view falls back on these,
+#: generated into protocol.ts, where a saved output lacks them)
+CONSTANTS: dict[str, Any] = {"heat_colours": list(render.HEAT_COLOURS), "removed_shown": render.REMOVED_SHOWN}
 
 
 class Progress:
@@ -63,28 +81,34 @@ class SessionWidget(ipywidgets.DOMWidget):
     graphs = traitlets.Dict(
         help="'forward' and 'backward' -> the drawable picture of each SDFG of the shown step (graph.describe), its "
         "nodes marked against the step it was made from"
-    ).tag(sync=True)
+    ).tag(sync=True, ts="Graphs")
     before = traitlets.Dict(
         help="the pictures of the step the shown one was made from: 'forward', 'backward' and its 'step' (empty "
         "for the naive step)"
-    ).tag(sync=True)
+    ).tag(sync=True, ts="BeforeData")
     shown = traitlets.Int(0, help="index of the step whose graphs are drawn (the current one unless asked)").tag(
         sync=True
     )
-    steps = traitlets.List(
-        help="every step tried since the last reset (Step.to_dict, plus its title, compiler log and timing table)"
+    inspected = traitlets.Bool(
+        False,
+        help="whether the shown step's code and its nodes' bytes and FLOPs came with its pictures (`sources`, the "
+        "nodes' metrics): on a graph past INSPECT_AT_ONCE nodes they come when the view asks (event 'inspect')",
     ).tag(sync=True)
-    history = traitlets.Dict(help="the history table, as the text and the static HTML show it (record.Table)").tag(
-        sync=True
-    )
+    steps = traitlets.List(
+        help="every step tried since the last reset (Step.to_dict, plus its title, summary, compiler log and timing "
+        "table)"
+    ).tag(sync=True, ts="StepData[]")
+    history = traitlets.Dict(
+        default_value=None, allow_none=True, help="the history table, as the text and the static HTML show it (record.Table)"
+    ).tag(sync=True, ts="TableData")
     current = traitlets.Int(0, help="index of the step whose SDFGs the session holds").tag(sync=True)
     actions = traitlets.List(help="the actions on offer for the selection: name, description, phase, matches").tag(
-        sync=True
+        sync=True, ts="ActionData[]"
     )
     matches = traitlets.Dict(
         help="action name -> where it applies, place by place: side, the nodes' labels and readable names, and "
         "the guids of the nodes it binds in the current picture of that side (what the view highlights)"
-    ).tag(sync=True)
+    ).tag(sync=True, ts="Record<string, MatchData[]>")
     selection = traitlets.List(traitlets.Unicode(), help="node labels chosen in the view; narrows `where`").tag(
         sync=True
     )
@@ -93,10 +117,15 @@ class SessionWidget(ipywidgets.DOMWidget):
     recipe = traitlets.Unicode("[]", help="Session.recipe as JSON").tag(sync=True)
     sources = traitlets.Dict(
         help="'forward' and 'backward' -> the shown step's generated code and each node's lines in it (sources.of)"
-    ).tag(sync=True)
+    ).tag(sync=True, ts="Sources")
     profile = traitlets.Dict(
-        help="the last profile of a step (profile.run): its 'step', the top kernels ('rows') and PyTorch eager's "
+        help="the last profile of a step (profile.table): its 'step', the top kernels ('rows') and PyTorch eager's "
         "top ops ('eager'); empty before one"
+    ).tag(sync=True, ts="ProfileData")
+    constants = traitlets.Dict(
+        CONSTANTS,
+        help="what the view draws by, as the static rendering does: the heat colours of the overlays, low to high, "
+        "and the most removed nodes the line under a graph names",
     ).tag(sync=True)
 
     def __init__(
@@ -135,13 +164,15 @@ class SessionWidget(ipywidgets.DOMWidget):
         shown = s.current.index if self._shown is None else self._shown
         good = [step.index for step in s.history if step.ok and self._is_good(step.index)]
         by_sdfg = {id(s.compiled_sdfgs(index)[0]): index for index in good}
-        profiled = by_sdfg.get(id(self._profiled))  # None: its step was undone or reset away
+        # None: not profiled, or its step was undone or reset away
+        profiled = by_sdfg.get(id(self._profiled)) if self._profiled is not None else None
         with self.hold_sync():
             self.profile = (profile.table(s, profiled) or {}) if profiled is not None else {}
             self.title = s.as_text().splitlines()[0].removeprefix("dcnb session: ")
             self.shown = shown
             self.graphs, self.before = self._pictures(shown)
-            self.sources = self._sources(shown) if overlays.known(s, shown) is not None else {}
+            self.inspected = overlays.known(s, shown) is not None
+            self.sources = self._sources(shown) if self.inspected else {}
             self.steps = self._steps()
             self.current = s.current.index
             self.history = render.history(s).to_dict()
@@ -201,6 +232,7 @@ class SessionWidget(ipywidgets.DOMWidget):
             dict(
                 step.to_dict(),
                 title=render.titled(step).title,
+                summary=render.titled(step).summary,
                 log=step.log,
                 timing=tabulate_timings(step.timings).to_dict(),
             )
@@ -257,7 +289,12 @@ class SessionWidget(ipywidgets.DOMWidget):
 
     def _on_msg(self, widget: SessionWidget, content: dict, buffers: list) -> None:
         event = content.get("event")
-        handlers: dict[str, Callable[[], str]] = {
+        if event in EVENTS and not self.busy:
+            self._run(self._handlers(content)[event])
+
+    def _handlers(self, content: dict) -> dict[str, Callable[[], str | None]]:
+        """Each of EVENTS' requests, with the arguments ``content`` holds."""
+        return {
             "apply": lambda: self.apply(
                 str(content.get("name", "")), content.get("where") or None, content.get("match")
             ),
@@ -265,17 +302,18 @@ class SessionWidget(ipywidgets.DOMWidget):
             "reset": self.reset,
             "export": self.export_recipe,
             "show": lambda: self.show(content.get("index")),
-            "inspect": self.inspect,
+            "inspect": lambda: self.inspect(content.get("index")),
             "profile": self.run_profile,
         }
-        if event in handlers and not self.busy:
-            self._run(handlers[event])
 
-    def _run(self, request: Callable[[], str]) -> None:
+    def _run(self, request: Callable[[], str | None]) -> None:
+        """Run a request; its outcome (None: nothing to tell, the last one stays) in ``message``."""
         if self.progress is not None:
             self.progress.listener = self._progress
         try:
-            self.message = request()
+            outcome = request()
+            if outcome is not None:
+                self.message = outcome
         except (DcnbError, KeyError, OSError) as e:
             self.message = str(e).strip("'\"")
         except KeyboardInterrupt:  # the view's Cancel (it interrupts the kernel), or the kernel's stop button
@@ -300,15 +338,18 @@ class SessionWidget(ipywidgets.DOMWidget):
         self.busy = f"applying {name}"
         step = render.titled(self.session.apply(name, where=where))
         if step.ok:
-            return f"step {step.index}: {step.title} applied at {step.applied} place(s)"
-        return f"step {step.index}: {step.title} failed: {step.error}"
+            return f"{step.headline} applied at {step.applied} place(s)"
+        return step.summary
 
-    def inspect(self) -> str:
-        """Work out the shown step's generated code and its nodes' bytes, FLOPs and intensity."""
+    def inspect(self, index: int | None = None) -> None:
+        """Work out the generated code of step ``index`` (None: the shown one) and its nodes' bytes, FLOPs and
+        intensity. The view asks on its own, as a large graph shows: the outcome of the user's last request
+        stays in ``message``."""
+        index = self.shown if index is None else index
+        if not isinstance(index, int) or not self._is_good(index):
+            raise DcnbError(f"step {index} cannot be inspected: only the good steps that led to the current one can")
         self.busy = "reading the generated code and counting bytes and FLOPs"
-        shown = self.shown
-        overlays.of(self.session, shown)
-        return f"step {shown}: the code and the bytes and FLOPs of each node are shown"
+        overlays.of(self.session, index)
 
     def run_profile(self) -> str:
         """Time each map and library node of the current step in an instrumented build of its own, beside PyTorch
@@ -366,5 +407,10 @@ class SessionWidget(ipywidgets.DOMWidget):
         bundle["text/plain"] = self.session.as_text()
         bundle["text/html"] = render.to_html(self.session)
         # the pictures too: without the kernel, dcnb's extension draws them (pan, zoom, details) in place of the SVGs
-        bundle[SESSION_MIME] = {"model_id": self.model_id, "version": VERSION, "graphs": self.graphs}
+        bundle[SESSION_MIME] = {
+            "model_id": self.model_id,
+            "version": VERSION,
+            "graphs": self.graphs,
+            "constants": self.constants,
+        }
         return bundle

@@ -8,6 +8,7 @@ import { fixture, graph, mapState, nestedPicture, node } from './pictures';
 import { CodeView, LINE_HEIGHT } from '../codeview';
 import { GraphView, ZOOM_REST_MS } from '../graphview';
 import { layoutGraph, NodeData, Picture, StateData } from '../layout';
+import { Constants, DEFAULTS } from '../protocol';
 
 installFakeDom();
 
@@ -21,11 +22,12 @@ interface Parts {
   selections: string[][];
 }
 
-function makeView(): Parts {
+function makeView(constants: Constants = DEFAULTS.constants): Parts {
   const selections: string[][] = [];
   const view = new GraphView({
     onSelect: labels => selections.push(labels),
-    layout: (g, collapsed) => Promise.resolve(layoutGraph(g, collapsed))
+    layout: (g, collapsed) => Promise.resolve(layoutGraph(g, collapsed)),
+    constants
   });
   const [row, removed] = (view.node as unknown as FakeElement).children;
   const [canvas, , legend, details] = row.children;
@@ -190,6 +192,11 @@ test("a step's marks: added and changed nodes, changes inside a collapsed scope,
   parts.view.setGraph(nestedPicture(2), [], false);
   assert.equal(parts.removed.style.display, 'none');
   parts.view.dispose();
+  // as many removed nodes as the kernel says the line names
+  const fewer = makeView({ ...DEFAULTS.constants, removed_shown: 2 });
+  fewer.view.setGraph(picture, [], true);
+  assert.equal(fewer.removed.textContent, 'removed: tmp (access, in outer), exp (tasklet, in state), and 1 more');
+  fewer.view.dispose();
 });
 
 test('an overlay colours the nodes that carry the metric, on a log scale with a legend', async () => {
@@ -212,6 +219,8 @@ test('an overlay colours the nodes that carry the metric, on a log scale with a 
   assert.ok(!shapes.get('s0n0')!.classList.contains('dcnb-heat'));
   assert.equal(parts.legend.style.display, 'flex');
   assert.ok(parts.legend.children[0].textContent.includes('64 B') && parts.legend.children[2].textContent === '4.10 kB');
+  const ramp = DEFAULTS.constants.heat_colours.join(', ');
+  assert.equal(parts.legend.children[1].getAttribute('style'), `background: linear-gradient(to right, ${ramp})`);
   // the memlet's width and label follow its bytes
   const labels = all(parts.root).filter(e => e.tagName === 'text').map(e => e.textContent);
   assert.ok(labels.includes('x[0:4] (2.05 kB)'), labels.join('|'));

@@ -3,15 +3,22 @@ import { test } from 'node:test';
 import * as assert from 'node:assert/strict';
 
 import { FakeElement, installFakeDom } from './fakedom';
-import { StepData, stepSummary } from '../format';
+import { graph, mapState } from './pictures';
+import { Asks, StateReader } from '../asks';
 import { GraphView } from '../graphview';
+import { countNodes, Picture } from '../layout';
+import { DEFAULTS, EVENTS, SessionMessage, SessionState } from '../protocol';
 import { drawTable, TableData } from '../tables';
 
 const window = installFakeDom();
 
 test('a graph view takes its window listeners away when it goes', () => {
   const before = window.count();
-  const view = new GraphView({ onSelect: () => undefined, layout: () => new Promise(() => undefined) });
+  const view = new GraphView({
+    onSelect: () => undefined,
+    layout: () => new Promise(() => undefined),
+    constants: DEFAULTS.constants
+  });
   assert.equal(window.count(), before + 2);
   // a drag that leaves the canvas still pans: the window's listeners follow it
   const [row] = (view.node as unknown as FakeElement).children;
@@ -71,22 +78,29 @@ test('a timing table names its rows and has a caption; a table without rows is n
   assert.equal(drawTable(null), null);
 });
 
-test("a step's summary ends in its CUDA build, as the kernel words it", () => {
-  const step: StepData = {
-    index: 1,
-    name: 'tasklet_fusion',
-    title: 'tasklet_fusion',
-    ok: true,
-    error: null,
-    applied: 1,
-    max_abs_error: null,
-    intermediate_bytes: null,
-    compile_seconds: 2.5,
-    timings: {},
-    notes: [],
-    timing: { kind: 'timing', columns: [], rows: [], caption: '', left: [], row_headers: true },
-    cuda: { state: 'ok', arch: 'sm_90', seconds: 12.3, reason: null, log: null, text: 'CUDA build: ok (sm_90, 12.3 s)' }
-  };
-  assert.equal(stepSummary(step), 'step 1: tasklet_fusion · compile: 2.5 s · CUDA build: ok (sm_90, 12.3 s)');
-  assert.equal(stepSummary({ ...step, cuda: null }), 'step 1: tasklet_fusion · compile: 2.5 s');
+test('the view asks for the code and metrics of a large graph shown without them, once per pictures', () => {
+  const sent: SessionMessage[] = [];
+  const asks = new Asks(message => sent.push(message));
+  const large: Picture = { ...graph(Array.from({ length: 30 }, (_, i) => mapState(`s${i}`, 12))), collapse_above: 250 };
+  assert.ok(countNodes(large) > 400);
+  const state: SessionState = { ...DEFAULTS, graphs: { forward: large, backward: null }, shown: 3 };
+  const get: StateReader = key => state[key];
+  asks.update(get);
+  assert.deepEqual(sent, [{ event: 'inspect', index: 3 }]);
+  assert.ok(EVENTS.includes(sent[0].event));
+  // the same pictures are not asked about again (a failed inspect is not repeated)
+  asks.update(get);
+  assert.equal(sent.length, 1);
+  // their code and metrics came: nothing to ask; new pictures without them (another step shown) are asked about
+  state.graphs = { forward: large };
+  state.inspected = true;
+  asks.update(get);
+  assert.equal(sent.length, 1);
+  state.inspected = false;
+  state.shown = 4;
+  asks.update(get);
+  assert.deepEqual(sent[1], { event: 'inspect', index: 4 });
+  // no pictures, nothing to ask about
+  asks.update(key => ({ ...DEFAULTS, graphs: {} })[key]);
+  assert.equal(sent.length, 2);
 });
