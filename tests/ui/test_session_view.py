@@ -1,6 +1,7 @@
 """The session view on a pre-norm transformer block in a real JupyterLab: readable names, the backward tab in view
 as it opens, nested SDFGs drawn in place after auto_optimize, what a step changed, the step before, the generated
-code, an action's places, a step's progress and its cancel, the saved pictures without the kernel.
+code, an action's places, the overlays of a graph past INSPECT_AT_ONCE nodes, a step's progress and its cancel,
+the saved pictures without the kernel.
 
 Each part is checked and the failures are reported together at the end, so that one run tells which parts work
 (some need the kernel's side: names, marks, sources, matches, cancel)."""
@@ -282,9 +283,22 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
     check("auto_optimize: nested SDFGs open, in view", after_auto_optimize)
     block.screenshot(path=str(artifacts / "ui-prenorm-auto-optimize.png"))
 
-    # a real build: its phase and seconds tick, Cancel interrupts it, the session stays at step 0
+    # four blocks, past INSPECT_AT_ONCE nodes (505, forward and backward): the pictures come without the code and
+    # the metrics, the view asks for them on its own, and the overlays appear
     slow = notebook.locator(LIVE).nth(1)
     slow.scroll_into_view_if_needed()
+
+    def large_overlays():
+        expect(slow.locator(".dcnb-overlay")).to_be_visible(timeout=180_000)
+        slow.locator(".dcnb-overlay select").select_option("bytes")
+        expect(slow.locator("g.dcnb-node.dcnb-heat").first).to_be_attached(timeout=30_000)
+        expect(slow.locator(".dcnb-legend")).to_be_visible()
+        slow.screenshot(path=str(artifacts / "ui-prenorm-large-overlays.png"))
+        slow.locator(".dcnb-overlay select").select_option("")
+
+    check("overlays on a graph past 400 nodes", large_overlays)
+
+    # a real build: its phase and seconds tick, Cancel interrupts it, the session stays at step 0
     slow.locator("button[data-action=tasklet_fusion]").click()
     status = slow.locator(".dcnb-status")
     expect(status).to_have_class(BUSY, timeout=60_000)
