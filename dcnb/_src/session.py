@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import os
 import time
 import warnings
 import weakref
@@ -18,8 +17,8 @@ from torch import nn
 
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import actions, cuda_check, diff, events, native, passes, probe, program, structure, timing, verify, workdir
-from .errors import DcnbError, InputError, StepError, check, describe
+from . import actions, arguments, cuda_check, diff, events, native, passes, probe, program, timing, verify, workdir
+from .errors import DcnbError, StepError, check, describe
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
 from .program import Program
@@ -79,11 +78,10 @@ class Session:
         cuda_build: bool | None = None,
         cuda_arch: str | None = None,
     ):
-        self._call = _check_call(module, inputs, kwargs or {})
-        inputs = _check_inputs(module, self._call.tensors(inputs, kwargs or {}))
-        self.device = _device(device)
-        if not (cuda_build is None or isinstance(cuda_build, bool)):
-            raise InputError(f"cuda_build must be True or False (None: unless DCNB_CUDA_BUILD=0), not {cuda_build!r}")
+        self._call = arguments.call(module, inputs, kwargs or {})
+        inputs = arguments.example_inputs(module, self._call.tensors(inputs, kwargs or {}))
+        self.device = arguments.device(device)
+        arguments.cuda_build(cuda_build)
         #: the architecture CUDA builds are for where one was named (else the GPU's own, or sm_90 without one)
         self._cuda_arch = None if cuda_arch is None else cuda_check.arch(cuda_arch)
         # on a GPU the steps' own builds are the CUDA builds: none in the background then
@@ -91,11 +89,7 @@ class Session:
         if self.device == "cpu" and cuda_check.enabled(cuda_build):
             self._cuda_builds = cuda_check.Builds(self._cuda_arch or cuda_check.default_arch())
             weakref.finalize(self, self._cuda_builds.close)  # (and at exit): no compile outlives its session
-        budget_ok = isinstance(time_budget, (int, float)) and not isinstance(time_budget, bool)
-        if not (budget_ok and 0 <= time_budget < float("inf")):
-            raise InputError(
-                f"time_budget must be a number of seconds, 0 or more (0: the fewest runs), not {time_budget!r}"
-            )
+        arguments.time_budget(time_budget)
         # what the export would get wrong without a word: a write into an input, a branch on a tensor's values
         probe.check_forward(
             module, inputs, backward=backward, training=training, invoke=self._call.invoke, keywords=self._call.keywords
@@ -107,30 +101,23 @@ class Session:
         self._inputs = [t.to(self.device) for t in inputs]
         self.backward = backward
         self.training = training
-        self._baselines = tuple(baselines)
-        for b in self._baselines:
+        baselines = tuple(baselines)
+        for b in baselines:
             check(b in BASELINES, f"unknown baseline {b!r}; choose from {', '.join(BASELINES)}")
-        self._time_budget = time_budget
         self._report = progress or (lambda message: None)
         #: what the session is doing now, as its progress callback last heard it (a cancelled step names it)
         self._phase = "starting"
-        self._compiled_torch: nn.Module | None = None
-        #: baselines timed before: their code does not change between steps, so they need no more warm-up
-        self._warmed: set[str] = set()
         self._history: list[Step] = []
-        #: PyTorch's run in float64, made where a check needs it
-        self._exact: verify.Run | None = None
         self._states: list[_State] = []
         # dcnb never changes the user's objects: what the export, the checks and the timing do to the module
         # (gradients, BatchNorm's statistics, the training flag) is undone, here and in every step
         with verify.preserved(self._module, training), workdir.untouched():
-            self._start()
+            self._start(baselines, time_budget)
 
-    def _start(self) -> None:
+    def _start(self, baselines: tuple[str, ...], time_budget: float) -> None:
         """Run PyTorch eager for the reference, export and import the module, and build step 0 (naive)."""
         self._progress("running PyTorch eager")
-        self._reference_outputs = self._eager_outputs()
-        self._reference_upstream = verify.grad_outputs(self._reference_outputs) if self.backward else None
+        outputs, self._result = verify.eager(self._module, self._inputs, self._call)
         self._progress("exporting to ONNX and importing into DaCe")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -139,17 +126,16 @@ class Session:
             )
             pre = copy.deepcopy(self._imported.sdfg)
             passes.run(passes.ON_IMPORT, pre)
-        try:
-            self._reference = verify.run(
-                self._called(self._module), self._module, self._inputs, self._reference_upstream,
-                self._imported.all_inputs,
-            )
-        except Exception as e:  # the module's own code refusing inputs that require gradients
-            raise InputError(
-                f"running {type(self._module).__name__} with its floating-point inputs requiring gradients (whose "
-                f"gradients dcnb checks) failed: {describe(e)}; without the backward (backward=False, "
-                "--no-backward) they require none"
-            ) from e
+        self._reference = verify.Reference(
+            self._module,
+            self._inputs,
+            self._call,
+            outputs,
+            self._imported.all_inputs,
+            backward=self.backward,
+            training=self.training,
+        )
+        self._baselines = timing.Baselines(baselines, self._reference, self.device, time_budget, self._progress)
         state = self._make_state(pre, ())
         self._states.append(state)
         self._history.append(state.step)
@@ -200,8 +186,8 @@ class Session:
             compiled=state.compiled,
             program=state.sdfgs,
             imported=self._imported,
-            timed=lambda runner: self._timed_call(self._dcnb_module(runner)),
-            eager=self._timed_call(self._module),
+            timed=lambda runner: self._baselines.call(self._dcnb_module(runner)),
+            eager=self._baselines.call(self._module),
             preserved=lambda: verify.preserved(self._module, self.training),
         )
 
@@ -286,7 +272,8 @@ class Session:
         """Apply an action, compile, check against PyTorch and time. A failed step is recorded and rolled back."""
         action = actions.get(name)
         if self.device not in action.devices:
-            raise DcnbError(f"{name} is offered on {', '.join(action.devices)} only; this session runs on {self.device}")
+            offered = ", ".join(action.devices)
+            raise DcnbError(f"{name} is offered on {offered} only; this session runs on {self.device}")
         applied = Entry(name, dict(options), None if where is None else tuple(where))
         index = len(self._history)
         events.emit("apply")
@@ -296,7 +283,8 @@ class Session:
             with verify.preserved(self._module, self.training), workdir.untouched():
                 state = self._advance(self._states[-1], applied, index)
         except DcnbError as e:
-            step = Step(index, name, applied.options, applied.where, ok=False, error=str(e), log=getattr(e, "log", None))
+            log = getattr(e, "log", None)
+            step = Step(index, name, applied.options, applied.where, ok=False, error=str(e), log=log)
         except Exception as e:  # a transformation that crashes must not take the session down with it
             step = Step(index, name, applied.options, applied.where, ok=False, error=f"{name} raised {describe(e)}")
         except KeyboardInterrupt:
@@ -396,7 +384,9 @@ class Session:
                 if sum(_run(action, s, entry, self.device, strict=False) for s in _sides(prog)):
                     kept.append(entry)
                 else:
-                    notes.append(f"{entry.name}, applied after autodiff before, matches nothing now; left out of the recipe")
+                    notes.append(
+                        f"{entry.name}, applied after autodiff before, matches nothing now; left out of the recipe"
+                    )
         applied = (*applied[:-1], *kept, *applied[-1:])
         built = self._build(_build_order(prog), name=_last(applied).name)
         return self._finish(pre, prog, built, applied, index, count, tuple(notes))
@@ -444,19 +434,13 @@ class Session:
         name = last.name
         (backward, forward), (backward_sdfg, forward_sdfg) = built.binaries, built.sdfgs
         runner = Runner(self._imported, prog, forward, backward, self.device)
+        candidate = self._dcnb_module(runner)
         self._progress("checking against PyTorch")
-        first = self._check_run(runner)
-        result = self._judge(first)
-        if result.ok:
-            # twice: what a call leaves behind in the binary (a sum zeroed only once) shows on the next call; a
-            # second run identical to the first passes as the first did, without comparing it all over again
-            again = self._check_run(runner)
-            if not again.same_as(first):
-                result = self._judge(again)
+        result = self._reference.check(candidate)
         if not result.ok:
             raise StepError(f"{name} breaks correctness: {result.message}")
         self._progress("timing")
-        timings, timing_notes = self._time(runner)
+        timings, timing_notes = self._baselines.time(candidate)
         step = Step(
             index=index,
             name=name,
@@ -475,31 +459,6 @@ class Session:
         )
         return _State(pre, prog, (forward_sdfg, backward_sdfg), runner, applied, step)
 
-    def _judge(self, run: verify.Run) -> verify.Check:
-        """``run`` against PyTorch; where a tensor is past the tolerance, against PyTorch in float64 too."""
-        result = verify.compare(run, self._reference)
-        return result if result.ok else verify.compare(run, self._reference, exact=self._exact_reference())
-
-    def _exact_reference(self) -> verify.Run | None:
-        """PyTorch's run in float64 (on a copy of the module), made once, where a check fails; None where the module
-        cannot run in float64."""
-        if self._exact is None:
-            with contextlib.suppress(Exception):  # a module that insists on its dtypes: no float64 run to ask
-                module = copy.deepcopy(self._module).double().train(self.training)
-                inputs = [t.double() if t.is_floating_point() else t for t in self._inputs]
-                upstream = self._reference_upstream and [g if g is None else g.double() for g in self._reference_upstream]
-                self._exact = verify.run(self._called(module), module, inputs, upstream, self._imported.all_inputs)
-        return self._exact
-
-    def _check_run(self, runner: Runner) -> verify.Run:
-        return verify.run(
-            self._called(self._dcnb_module(runner)),
-            self._module,
-            self._inputs,
-            self._reference_upstream,
-            self._imported.all_inputs,
-        )
-
     def _wrt(self) -> list[str]:
         imp = self._imported
         floating = {n for n, t in zip(imp.all_inputs, self._inputs) if t.is_floating_point()}
@@ -509,75 +468,8 @@ class Session:
         return wanted
 
     def _dcnb_module(self, runner: Runner) -> DcnbModule:
-        shapes = [t.shape for t in self._reference_outputs]
+        shapes = [t.shape for t in self._reference.outputs]
         return DcnbModule(self._module, runner, self._inputs, shapes, self._call, self._result)
-
-    def _called(self, fn: Callable[..., Any]) -> Callable[..., list[torch.Tensor]]:
-        """``fn`` taking the inputs' tensors in the compiled order and returning its result's tensors."""
-        return lambda *tensors: structure.leaves(self._call.invoke(fn, tensors))
-
-    def _eager_outputs(self) -> list[torch.Tensor]:
-        try:
-            with torch.no_grad(), verify.preserved(self._module):
-                result = self._call.invoke(self._module, self._inputs)
-                #: the result's structure (tuples, dicts, ModelOutput, None), which the compiled module returns too
-                self._result = structure.skeleton(result)
-                return structure.leaves(result)
-        except Exception as e:
-            raise InputError(
-                f"running {type(self._module).__name__} on the example inputs failed: {describe(e)}"
-            ) from e
-
-    def _time(self, runner: Runner) -> tuple[dict[str, timing.Timing], tuple[str, ...]]:
-        notes = []
-        candidates = {"dcnb": self._dcnb_module(runner)}
-        if "torch" in self._baselines:
-            candidates["torch"] = self._module
-        if "torch_compile" in self._baselines:
-            compiled, note = self._torch_compiled()
-            if compiled is not None:
-                candidates["torch_compile"] = compiled
-            else:
-                notes.append(note)
-        calls = {name: self._timed_call(fn) for name, fn in candidates.items()}
-        # the check just ran the new binary (loaded it, touched its memory): only baselines new to this session
-        # are warmed up; few rounds for slow steps (the budget decides)
-        warmup = {name: 0 if name in self._warmed or name == "dcnb" else 1 for name in calls}
-        with verify.preserved(self._module):
-            timings = timing.interleaved(
-                calls, budget_s=self._time_budget, warmup=warmup, min_runs=3, sync=timing.synchronizer(self.device)
-            )
-        self._warmed |= set(calls) - {"dcnb"}
-        # rounds far apart, or a machine busier than it has cores: the ratios are noise, and the step says so
-        notes.extend(timing.noise(timings, load=timing.load_average(), cores=os.cpu_count()))
-        return timings, tuple(notes)
-
-    def _timed_call(self, fn: Callable) -> Callable[[], None]:
-        grads = self.backward and self._reference_upstream is not None
-        inputs = [t.detach().clone().requires_grad_(grads and t.is_floating_point()) for t in self._inputs]
-        upstream = self._reference_upstream
-
-        def call() -> None:
-            outputs = structure.leaves(self._call.invoke(fn, inputs))
-            if grads:
-                pairs = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-                for t in inputs:
-                    t.grad = None
-
-        return call
-
-    def _torch_compiled(self) -> tuple[nn.Module | None, str]:
-        if self._compiled_torch is None:
-            self._progress("compiling the torch.compile baseline")
-            try:
-                compiled = torch.compile(self._module)
-                self._timed_call(compiled)()
-                self._compiled_torch = compiled
-            except Exception as e:
-                self._baselines = tuple(b for b in self._baselines if b != "torch_compile")
-                return None, f"torch.compile baseline unavailable: {describe(e)}"
-        return self._compiled_torch, ""
 
 
 def _last(applied: tuple[Entry, ...]) -> Entry:
@@ -618,42 +510,6 @@ def _safe_count(action: actions.Action, sdfg: dace.SDFG, where, options) -> int:
             return action.count(sdfg, where, options)
     except Exception:  # a matcher that crashes offers nothing rather than breaking the menu
         return 0
-
-
-def _check_call(module: nn.Module, inputs: Sequence[Any], kwargs: Mapping[str, Any]) -> structure.Call:
-    if not isinstance(module, nn.Module):
-        raise InputError(f"dcnb optimizes torch.nn.Module instances; got {type(module).__name__}")
-    call = structure.Call.of(inputs, kwargs)
-    if not inputs and not call.keywords:
-        raise InputError(f"{type(module).__name__} needs example inputs to build for (their shapes are compiled in)")
-    return call
-
-
-def _check_inputs(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    named = [(f"example input {i}", t) for i, t in enumerate(inputs)]
-    named += [(f"{kind} {name}", t) for kind, items in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())) for name, t in items]
-    for what, t in named:
-        if t.dtype in _HALF:
-            raise InputError(
-                f"{what} of {type(module).__name__} is {str(t.dtype).removeprefix('torch.')}: dcnb builds float32 "
-                "and float64 modules (DaCe's ONNX importer has no 16-bit floats); convert with .float() first"
-            )
-    # copies: a module that writes into its inputs must not change the user's tensors when dcnb runs it
-    return [t.detach().clone() for t in inputs]
-
-
-#: 16-bit floats, which DaCe 2.0.0b1's ONNX importer does not take (BFLOAT16) or computes in no other way
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise InputError(f"device must be 'auto', 'cpu' or 'cuda', not {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("device='cuda' was asked for, but PyTorch sees no CUDA device here")
-    return device
 
 
 def optimize(

@@ -1,5 +1,6 @@
-"""Interleaved timing of several callables, with IPython %timeit's statistics (times in milliseconds), and what
-says that a timing is noise rather than a result (``noise``)."""
+"""Interleaved timing of several callables, with IPython %timeit's statistics (times in milliseconds), what says
+that a timing is noise rather than a result (``noise``), and the baselines a session times each step against
+(``Baselines``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import gc
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
+from torch import nn
+
+from . import structure, verify
+from .errors import describe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,3 +169,84 @@ def synchronizer(device: str) -> Callable[[], object] | None:
     """What ends a timed call on ``device`` (``interleaved``'s ``sync``): CUDA kernels run after their launch
     returns."""
     return torch.cuda.synchronize if device == "cuda" else None
+
+
+class Baselines:
+    """What a session times each step against: PyTorch eager and torch.compile of the user's module (``names``: those
+    asked for), made once per session, and the call of forward and backward that the step and they are timed by.
+
+    torch.compile is compiled where it is first timed; where that fails it is dropped from ``names`` and the step
+    says why. A baseline's code does not change between steps: only its first timing warms it up."""
+
+    def __init__(
+        self,
+        names: Iterable[str],
+        reference: verify.Reference,
+        device: str,
+        budget_s: float,
+        progress: Callable[[str], None],
+    ):
+        self.names = tuple(names)
+        self._reference = reference
+        self._sync = synchronizer(device)
+        self._budget_s = budget_s
+        self._progress = progress
+        self._compiled: nn.Module | None = None
+        #: baselines timed before: they need no more warm-up
+        self._warmed: set[str] = set()
+
+    def time(self, candidate: nn.Module) -> tuple[dict[str, Timing], tuple[str, ...]]:
+        """Time ``candidate`` (a step's compiled module, as "dcnb") and the baselines, interleaved within the budget
+        (at least 3 rounds), forward and backward each; with notes where a baseline is missing or the timing is
+        noise."""
+        notes = []
+        module = self._reference.module
+        candidates = {"dcnb": candidate}
+        if "torch" in self.names:
+            candidates["torch"] = module
+        if "torch_compile" in self.names:
+            compiled, note = self._torch_compiled()
+            if compiled is not None:
+                candidates["torch_compile"] = compiled
+            else:
+                notes.append(note)
+        calls = {name: self.call(fn) for name, fn in candidates.items()}
+        # the check just ran the new binary (loaded it, touched its memory): only baselines new to this session
+        # are warmed up; few rounds for slow steps (the budget decides)
+        warmup = {name: 0 if name in self._warmed or name == "dcnb" else 1 for name in calls}
+        with verify.preserved(module):
+            timings = interleaved(calls, budget_s=self._budget_s, warmup=warmup, min_runs=3, sync=self._sync)
+        self._warmed |= set(calls) - {"dcnb"}
+        # rounds far apart, or a machine busier than it has cores: the ratios are noise, and the step says so
+        notes.extend(noise(timings, load=load_average(), cores=os.cpu_count()))
+        return timings, tuple(notes)
+
+    def call(self, fn: Callable[..., object]) -> Callable[[], None]:
+        """A call of ``fn`` on copies of the example inputs, backpropagating the reference's upstream gradients
+        where there is a backward: what a step and each baseline are timed by."""
+        reference = self._reference
+        upstream = reference.upstream
+        inputs = [t.detach().clone().requires_grad_(upstream is not None and t.is_floating_point())
+                  for t in reference.inputs]
+
+        def call() -> None:
+            outputs = structure.leaves(reference.call.invoke(fn, inputs))
+            if upstream is not None:
+                pairs = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                for t in inputs:
+                    t.grad = None
+
+        return call
+
+    def _torch_compiled(self) -> tuple[nn.Module | None, str]:
+        if self._compiled is None:
+            self._progress("compiling the torch.compile baseline")
+            try:
+                compiled = torch.compile(self._reference.module)
+                self.call(compiled)()
+                self._compiled = compiled
+            except Exception as e:
+                self.names = tuple(b for b in self.names if b != "torch_compile")
+                return None, f"torch.compile baseline unavailable: {describe(e)}"
+        return self._compiled, ""

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import structure
+from .errors import InputError, describe
 
 #: tolerances: |got - want| <= atol * max(1, max|want|) + rtol * |want|, per tensor
 RTOL = 1e-4
@@ -19,7 +22,8 @@ ATOL = 1e-4
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """What one forward+backward produced, by label ("output", "grad x", "grad lin.weight", "buffer bn.running_mean")."""
+    """What one forward+backward produced, by label ("output", "grad x", "grad lin.weight",
+    "buffer bn.running_mean")."""
 
     tensors: dict[str, torch.Tensor]
 
@@ -47,6 +51,90 @@ class Check:
             f"{self.worst} differs from PyTorch (max abs error {self.errors[self.worst]:.3g}, "
             f"tolerance rtol={RTOL:g}, atol={ATOL:g} scaled by magnitude)"
         )
+
+
+class Reference:
+    """PyTorch's run of the user's module on the example inputs, made once per session, and the check of a
+    candidate (the module a step compiled) against it: ``check``.
+
+    ``outputs`` are eager's tensors (``eager``); the reference run differentiates them with fixed upstream
+    gradients (``upstream``; None without a backward) and labels the inputs' gradients by ``input_names``. PyTorch's
+    run in float64 is made where a check first needs it."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        inputs: list[torch.Tensor],
+        call: structure.Call,
+        outputs: list[torch.Tensor],
+        input_names: list[str],
+        *,
+        backward: bool,
+        training: bool,
+    ):
+        self.module = module
+        self.inputs = inputs
+        self.call = call
+        self.outputs = outputs
+        self.input_names = input_names
+        self.training = training
+        self.upstream = grad_outputs(outputs) if backward else None
+        self._exact: Run | None = None
+        try:
+            #: what PyTorch computed: outputs, gradients, updated buffers
+            self.expected = run(self.called(module), module, inputs, self.upstream, input_names)
+        except Exception as e:  # the module's own code refusing inputs that require gradients
+            raise InputError(
+                f"running {type(module).__name__} with its floating-point inputs requiring gradients (whose "
+                f"gradients dcnb checks) failed: {describe(e)}; without the backward (backward=False, "
+                "--no-backward) they require none"
+            ) from e
+
+    def called(self, fn: Callable[..., Any]) -> Callable[..., list[torch.Tensor]]:
+        """``fn`` taking the inputs' tensors in the compiled order and returning its result's tensors."""
+        return lambda *tensors: structure.leaves(self.call.invoke(fn, tensors))
+
+    def check(self, candidate: nn.Module) -> Check:
+        """Run ``candidate`` (sharing the user's module's parameters) and judge it against PyTorch. Twice where the
+        first passes: what a call leaves behind in the binary (a sum zeroed only once) shows on the next call; a
+        second run identical to the first passes as the first did, without comparing it all over again."""
+        first = self._run(candidate)
+        result = self._judge(first)
+        if result.ok:
+            again = self._run(candidate)
+            if not again.same_as(first):
+                result = self._judge(again)
+        return result
+
+    def _run(self, candidate: nn.Module) -> Run:
+        return run(self.called(candidate), self.module, self.inputs, self.upstream, self.input_names)
+
+    def _judge(self, got: Run) -> Check:
+        """``got`` against PyTorch; where a tensor is past the tolerance, against PyTorch in float64 too."""
+        result = compare(got, self.expected)
+        return result if result.ok else compare(got, self.expected, exact=self._exact_run())
+
+    def _exact_run(self) -> Run | None:
+        """PyTorch's run in float64 (on a copy of the module), made once, where a check fails; None where the module
+        cannot run in float64."""
+        if self._exact is None:
+            with contextlib.suppress(Exception):  # a module that insists on its dtypes: no float64 run to ask
+                module = copy.deepcopy(self.module).double().train(self.training)
+                inputs = [t.double() if t.is_floating_point() else t for t in self.inputs]
+                upstream = self.upstream and [g if g is None else g.double() for g in self.upstream]
+                self._exact = run(self.called(module), module, inputs, upstream, self.input_names)
+        return self._exact
+
+
+def eager(module: nn.Module, inputs: Sequence[torch.Tensor], call: structure.Call) -> tuple[list[torch.Tensor], Any]:
+    """PyTorch eager's result on the example inputs, without gradients: its tensors, and its structure (tuples,
+    dicts, ModelOutput, None: ``structure.skeleton``), which the compiled module returns too."""
+    try:
+        with torch.no_grad(), preserved(module):
+            result = call.invoke(module, inputs)
+            return structure.leaves(result), structure.skeleton(result)
+    except Exception as e:
+        raise InputError(f"running {type(module).__name__} on the example inputs failed: {describe(e)}") from e
 
 
 def grad_outputs(outputs: list[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
@@ -183,7 +271,9 @@ def preserved(module: nn.Module, training: bool | None = None) -> Iterator[None]
     is in ``training`` mode where that is given."""
     params = [(p, p.grad, p.requires_grad) for p in module.parameters()]
     buffers = [
-        (owner, name, b, b.detach().clone()) for owner in module.modules() for name, b in owner.named_buffers(recurse=False)
+        (owner, name, b, b.detach().clone())
+        for owner in module.modules()
+        for name, b in owner.named_buffers(recurse=False)
     ]
     modes = [(m, m.training) for m in module.modules()]
     for p, _, _ in params:
