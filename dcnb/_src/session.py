@@ -18,6 +18,7 @@ from torch import nn
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
 from . import actions, arguments, cuda_check, diff, events, native, passes, probe, program, timing, verify, workdir
+from .analysis import Analysis
 from .errors import DcnbError, StepError, check, describe
 from .frontend import Imported, import_module
 from .module import DcnbModule, Runner
@@ -40,6 +41,8 @@ class _State:
     runner: Runner
     applied: tuple[Entry, ...]
     step: Step
+    #: what the views worked out of the state (its overlays, code, profile): it lives and goes with the state
+    analysis: Analysis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +170,11 @@ class Session:
         states = [s.step.index for s in self._states]
         position = states.index(self._good(index).step.index)
         return states[position - 1] if position else None
+
+    def analysis(self, index: int | None = None) -> Analysis:
+        """What the views worked out of good step ``index`` (the current step by default): its overlays, its
+        generated code, its profile, each worked out once and kept while the step is in the session."""
+        return self._good(index).analysis
 
     def _good(self, index: int | None) -> _State:
         if index is None:
@@ -457,7 +465,7 @@ class Session:
             # forked only now: the build made above and the timing do not share the cores with it
             cuda=None if self._cuda_builds is None else self._cuda_builds.start([prog.forward, prog.backward]),
         )
-        return _State(pre, prog, (forward_sdfg, backward_sdfg), runner, applied, step)
+        return _State(pre, prog, (forward_sdfg, backward_sdfg), runner, applied, step, Analysis(index))
 
     def _wrt(self) -> list[str]:
         imp = self._imported

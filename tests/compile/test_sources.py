@@ -62,9 +62,9 @@ def test_the_fused_mish_tasklet_and_its_map_point_at_their_code(fused_mish):
         assert source["nodes"][_only(sdfg, nodes.MapExit).guid] == source["nodes"][entry.guid]
 
 
-def test_the_same_sdfg_is_worked_out_once(fused_mish):
-    forward = fused_mish.forward_sdfg
-    assert sources.generated(forward) is sources.generated(forward)
+def test_a_step_s_code_is_worked_out_once_and_kept_in_its_analysis(fused_mish):
+    found = sources.of(fused_mish)
+    assert sources.of(fused_mish) is found and fused_mish.analysis().known("sources") is found
 
 
 def test_the_overlays_count_library_nodes_on_the_copy_the_code_is_read_from(monkeypatch):

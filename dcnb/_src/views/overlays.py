@@ -25,7 +25,6 @@ import ast
 import copy
 import math
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +40,9 @@ from . import profile, sources
 from .sources import expansions
 
 SIDES = ("forward", "backward")
-#: the metrics worked out so far, by the step's compiled forward SDFG (not its index: an index is used again
-#: after an undo), which the widget and the static rendering both read
-_found: weakref.WeakKeyDictionary[dace.SDFG, dict[str, Any]] = weakref.WeakKeyDictionary()
+#: what a step's metrics are kept as in its analysis (``Session.analysis``), where the widget and the static
+#: rendering both read them
+NAME = "overlays"
 
 #: the nodes measured (a map's exit shows its map's)
 _MEASURED = (nodes.MapEntry, nodes.MapExit, nodes.Tasklet, nodes.LibraryNode, nodes.NestedSDFG)
@@ -54,18 +53,19 @@ _UNKNOWN = sp.Symbol("__dcnb_unknown_work")
 def of(session: Any, index: int | None = None) -> dict[str, dict[str, dict[str, float]] | None]:
     """The metrics of the forward and backward SDFGs as compiled at good step ``index`` (the current one by
     default): ``{"forward": metrics, "backward": metrics or None}``, each as ``metrics`` returns it. Worked out
-    once per step (they take seconds on a large graph), then ``known``."""
-    forward, backward = session.compiled_sdfgs(index)
-    if forward not in _found:
-        _found[forward] = {"forward": metrics(forward), "backward": None if backward is None else metrics(backward)}
-    return _found[forward]
+    once per step (they take seconds on a large graph) and kept in its analysis, then ``known``."""
+    analysis = session.analysis(index)
+
+    def worked_out() -> dict[str, dict[str, dict[str, float]] | None]:
+        sdfgs = zip(SIDES, session.compiled_sdfgs(index))
+        return {side: None if s is None else _metrics(s, sources.expanded(s, analysis, side)) for side, s in sdfgs}
+
+    return analysis.result(NAME, worked_out)
 
 
 def known(session: Any, index: int | None = None) -> dict[str, dict[str, dict[str, float]] | None] | None:
     """``of``'s metrics of step ``index`` where they were worked out, else None (nothing is worked out here)."""
-    forward = session.compiled_sdfgs(index)[0]
-    # (``in``: a weak dictionary's ``get`` raises on what cannot be weakly referenced, a view's missing SDFG)
-    return _found[forward] if forward in _found else None  # noqa: SIM401
+    return session.analysis(index).known(NAME)
 
 
 def measured(session: Any, index: int | None = None) -> dict[str, dict[str, dict[str, float]]]:
@@ -73,7 +73,7 @@ def measured(session: Any, index: int | None = None) -> dict[str, dict[str, dict
     intensity, with ``ms`` where the step was profiled (``profile.measured``)."""
     static = known(session, index) or {}
     found = {side: {guid: dict(m) for guid, m in (static.get(side) or {}).items()} for side in SIDES}
-    timed = profile.measured(session.compiled_sdfgs(index)[0])
+    timed = profile.measured(session, index)
     for kernel in timed["kernels"] if timed is not None else ():
         found[kernel["side"]].setdefault(kernel["guid"], {})["ms"] = kernel["ms"]
     return found
@@ -83,8 +83,16 @@ def metrics(sdfg: dace.SDFG) -> dict[str, dict[str, float]]:
     """``{node guid: {"bytes": int, "flops": int, "intensity": float}}`` for the maps (entry and exit alike),
     tasklets, library nodes and nested SDFGs of ``sdfg``, nested SDFGs' contents included; a value that cannot be
     worked out is left out (``intensity`` needs both, and bytes above 0)."""
+    return _metrics(sdfg, sources.expanded(sdfg))
+
+
+def _metrics(
+    sdfg: dace.SDFG, expanded: dict[str, tuple[nodes.Node, dace.SDFGState]] | None
+) -> dict[str, dict[str, float]]:
+    """``metrics``, counting the work of library nodes where code generation expanded them into ``expanded``
+    (``sources.expanded``; None: in an expansion of a copy of their own)."""
     analyzed = copy.deepcopy(sdfg)  # (guids kept: DaCe's deepcopy keeps them, but for access nodes)
-    work = _analyze(analyzed, _library_work(sdfg))
+    work = _analyze(analyzed, _library_work(sdfg, expanded))
     by_guid = {node.guid: (node, state) for node, state in analyzed.all_nodes_recursive()}
     result: dict[str, dict[str, float]] = {}
     for node, state in sdfg.all_nodes_recursive():
@@ -137,13 +145,14 @@ def _analyze(
     return work
 
 
-def _library_work(sdfg: dace.SDFG) -> Callable[[nodes.LibraryNode, dace.SDFGState], int | None]:
+def _library_work(
+    sdfg: dace.SDFG, expanded: dict[str, tuple[nodes.Node, dace.SDFGState]] | None
+) -> Callable[[nodes.LibraryNode, dace.SDFGState], int | None]:
     """The work of one execution of a library node of ``sdfg`` (or of a copy: found by guid) that DaCe has no
     formula for: an Einsum's, else that of its expansion, analyzed on its own (where the Einsums it holds count
-    so too); None where it is not known. The library nodes are expanded once, as code generation does: the copy
-    the generated code is read from where the build folder is there (``sources.expanded``: one expansion for
-    both), else a copy of its own."""
-    expanded = sources.expanded(sdfg)
+    so too); None where it is not known. The library nodes are expanded once, as code generation does: in
+    ``expanded``, the copy the generated code is read from where the build folder is there (``sources.expanded``:
+    one expansion for both), else in a copy of their own."""
     if expanded is None:
         expanded_copy = copy.deepcopy(sdfg)
         with expansions(expanded_copy) as expanded:

@@ -25,7 +25,6 @@ import statistics
 import tempfile
 import time
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +45,8 @@ from .sources import expansions
 
 #: top ops of PyTorch's profile kept
 TOP_OPS = 20
+#: what ``run`` measured of a step is kept as in its analysis (``Session.analysis``), where the views read it
+NAME = "profile"
 
 
 def run(session: Any, runs: int = 5) -> dict[str, Any]:
@@ -57,7 +58,8 @@ def run(session: Any, runs: int = 5) -> dict[str, Any]:
          "torch": [{"name", "ms", "share"}, ...],  # PyTorch's top ops by their own time
          "torch_ms": the median eager call (under the profiler)}
 
-    ``ms`` is per call; ``share`` is of the call's time (what is not in any node is the call's overhead)."""
+    ``ms`` is per call; ``share`` is of the call's time (what is not in any node is the call's overhead). Kept in
+    the step's analysis, in place of an earlier profile of it."""
     parts = session.calls()
     if parts.device != "cpu":
         raise DcnbError("profiling times maps on the CPU; on a GPU its kernels need GPU events, not host timers")
@@ -84,24 +86,23 @@ def run(session: Any, runs: int = 5) -> dict[str, Any]:
         "torch": [{**op, "share": op["ms"] / eager} for op in ops],
         "torch_ms": eager,
     }
-    _measured[parts.compiled[0]] = result
+    session.analysis().store(NAME, result)
     return result
 
 
-def measured(forward: dace.SDFG) -> dict[str, Any] | None:
-    """What ``run`` measured of the step whose compiled forward SDFG is ``forward`` (None: not profiled)."""
-    # (``in``: a weak dictionary's ``get`` raises on what cannot be weakly referenced, a view's missing SDFG)
-    return _measured[forward] if forward in _measured else None  # noqa: SIM401
+def measured(session: Any, index: int | None = None) -> dict[str, Any] | None:
+    """What ``run`` measured of good step ``index`` (the current one by default; None: not profiled)."""
+    return session.analysis(index).known(NAME)
 
 
 def table(session: Any, index: int | None = None) -> dict[str, Any] | None:
     """The profile of good step ``index`` (the current one by default) as the views show it, None where it was
     not profiled: its ``step``, the top kernels (``rows``: ``run``'s, each named as the graphs draw its node),
     PyTorch eager's top ops (``eager``), ``step_ms`` and ``torch_ms``."""
-    sdfgs = session.compiled_sdfgs(index)
-    found = measured(sdfgs[0])
+    found = measured(session, index)
     if found is None:
         return None
+    sdfgs = session.compiled_sdfgs(index)
     drawn = {guid: name for sdfg in sdfgs if sdfg is not None for guid, name in graph.names_by_guid(sdfg).items()}
     return {
         "step": session.current.index if index is None else index,
@@ -116,8 +117,6 @@ _SIDES = ("forward", "backward")
 #: the nodes outside maps that get a timer; a tasklet there is often a library node an action already expanded
 #: (fuse_rows and auto_optimize expand them: a matrix product's BLAS call is then a tasklet of its own)
 _TIMED = (nodes.MapEntry, nodes.LibraryNode, nodes.NestedSDFG, nodes.Tasklet)
-#: what ``run`` measured, by the compiled forward SDFG of the step it profiled (the views read it there)
-_measured: weakref.WeakKeyDictionary[dace.SDFG, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class _Instrumented:

@@ -31,7 +31,6 @@ import csv
 import pathlib
 import re
 import warnings
-import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -41,26 +40,36 @@ from dace.codegen import codegen
 from dace.config import Config, temporary_config
 from dace.sdfg import nodes
 
+from ..analysis import Analysis
 from ..errors import DcnbError
 
 #: DaCe's marker after a generated line: region (cfg_id), state within it, node ids (two for a memlet)
 _MARKER = re.compile(r"////__DACE:(\d+)(?::(\d+))?(?::(-?[\d,]+))?")
 #: a nested SDFG's function as DaCe defines it: ``inline void name(...) {`` (``DACE_DFI void`` in device code)
 _DEFINITION = r"^\s*(?:\w+\s+)*void\s+{}\s*\("
-#: what ``generated`` found, by compiled SDFG (and build folder): generating the code again takes seconds, and the
-#: views ask for a step's sources more than once; a compiled SDFG does not change
-_found: weakref.WeakKeyDictionary[dace.SDFG, tuple[pathlib.Path, dict[str, Any]]] = weakref.WeakKeyDictionary()
-#: a generated copy ``expanded`` made, by compiled SDFG (and build folder), until ``generated`` reads its code
-_generated: weakref.WeakKeyDictionary[
-    dace.SDFG, tuple[pathlib.Path, tuple[dace.SDFG, dict[str, str], dict[str, tuple[nodes.Node, dace.SDFGState]]]]
-] = weakref.WeakKeyDictionary()
+#: what a step's sources are kept as in its analysis (``Session.analysis``): generating the code again takes
+#: seconds, and the views ask for a step's sources more than once
+NAME = "sources"
+#: a side's copy generated again (``_generate_again``), kept in the step's analysis under this name and the side
+#: where ``expanded`` made it, until ``of`` reads the side's code from it
+_COPY = "generated copy"
+#: what ``_generate_again`` makes: the copy, the code with its markers by path, what each library node became
+_Generated = tuple[dace.SDFG, dict[str, str], dict[str, tuple[nodes.Node, dace.SDFGState]]]
 
 
 def of(session: Any, index: int | None = None) -> dict[str, dict[str, Any] | None]:
     """The generated sources of the forward and backward SDFGs as compiled at good step ``index`` (the current one
-    by default): ``{"forward": source, "backward": source or None}``, each as ``generated`` returns it."""
-    forward, backward = session.compiled_sdfgs(index)
-    return {"forward": generated(forward), "backward": None if backward is None else generated(backward)}
+    by default): ``{"forward": source, "backward": source or None}``, each as ``generated`` returns it. Worked out
+    once per step and kept in its analysis."""
+    analysis = session.analysis(index)
+
+    def worked_out() -> dict[str, dict[str, Any] | None]:
+        found: dict[str, dict[str, Any] | None] = {}
+        for side, sdfg in zip(("forward", "backward"), session.compiled_sdfgs(index)):
+            found[side] = None if sdfg is None else _read(sdfg, pathlib.Path(sdfg.build_folder), analysis, side)
+        return found
+
+    return analysis.result(NAME, worked_out)
 
 
 def generated(sdfg: dace.SDFG, folder: str | pathlib.Path | None = None) -> dict[str, Any]:
@@ -73,16 +82,19 @@ def generated(sdfg: dace.SDFG, folder: str | pathlib.Path | None = None) -> dict
 
     ``nodes`` holds the tasklets, map entries and exits (both: the whole map), library nodes and nested SDFGs
     whose code was found; access nodes have no code of their own (their copies and declarations belong to the
-    nodes around them). The result is shared between calls for the same SDFG: read it, do not change it."""
-    folder = pathlib.Path(folder or sdfg.build_folder)
-    if sdfg in _found and _found[sdfg][0] == folder:
-        return _found[sdfg][1]
+    nodes around them). Worked out on every call (``of`` keeps a step's)."""
+    return _read(sdfg, pathlib.Path(folder or sdfg.build_folder))
+
+
+def _read(sdfg: dace.SDFG, folder: pathlib.Path, analysis: Analysis | None = None, side: str = "") -> dict[str, Any]:
+    """``generated``: from the copy ``expanded`` kept in a step's ``analysis`` for ``side`` where there is one (it
+    is not kept beside the result), else from a copy generated again here."""
     listed = folder / "dace_files.csv"
     if not listed.exists():
         raise DcnbError(f"no generated code for {sdfg.name} in {folder}: the build folder is gone (cache cleared?)")
     paths = _source_paths(listed)
-    generated_copy, annotated, expanded = _generate_again(sdfg, folder)
-    _generated.pop(sdfg, None)  # read once: the copy is not kept beside the result
+    kept = None if analysis is None else analysis.take(f"{_COPY} {side}")
+    generated_copy, annotated, expanded = kept or _generate_again(sdfg, folder)
     text = _Text()
     for path in paths:
         text.add(path, (folder / path).read_text(), annotated.get(path))
@@ -94,9 +106,7 @@ def generated(sdfg: dace.SDFG, folder: str | pathlib.Path | None = None) -> dict
         if block is not None:
             ranges[guid] = list(block)
     language = "cuda" if any(path.startswith("src/cuda/") for path in paths) else "cpp"
-    result = {"language": language, "text": "\n".join(text.lines) + "\n", "nodes": ranges}
-    _found[sdfg] = (folder, result)
-    return result
+    return {"language": language, "text": "\n".join(text.lines) + "\n", "nodes": ranges}
 
 
 def _source_paths(listed: pathlib.Path) -> list[str]:
@@ -120,28 +130,26 @@ def _strip(code: str) -> str:
     return re.sub(r"[ \t]*////__(DACE:|CODEGEN;)[^\n]*", "", code)
 
 
-def expanded(sdfg: dace.SDFG) -> dict[str, tuple[nodes.Node, dace.SDFGState]] | None:
+def expanded(
+    sdfg: dace.SDFG, analysis: Analysis | None = None, side: str = ""
+) -> dict[str, tuple[nodes.Node, dace.SDFGState]] | None:
     """What code generation expanded each library node of compiled ``sdfg`` into (by guid; recursively, as it
-    generates code), from the copy ``generated`` reads its code from: the overlays count a library node's work
-    there, so that the expansion (seconds on a transformer layer) is done once for both views. None where the
-    build folder is gone. Read it, do not change it."""
+    generates code), from a copy generated again as ``generated`` reads its code: the overlays count a library
+    node's work there. ``sdfg`` being the ``side`` of the step whose ``analysis`` is given, the copy is kept there
+    until ``of`` reads the step's code from it, so that the expansion (seconds on a transformer layer) is done once
+    for both views. None where the build folder is gone. Read it, do not change it."""
     folder = pathlib.Path(sdfg.build_folder)
     if not (folder / "dace.conf").exists():
         return None
-    if sdfg not in _generated or _generated[sdfg][0] != folder:
-        _generated[sdfg] = (folder, _generate_again(sdfg, folder))
-    return _generated[sdfg][1][2]
+    if analysis is None:
+        return _generate_again(sdfg, folder)[2]
+    return analysis.result(f"{_COPY} {side}", lambda: _generate_again(sdfg, folder))[2]
 
 
-def _generate_again(
-    sdfg: dace.SDFG, folder: pathlib.Path
-) -> tuple[dace.SDFG, dict[str, str], dict[str, tuple[nodes.Node, dace.SDFGState]]]:
+def _generate_again(sdfg: dace.SDFG, folder: pathlib.Path) -> _Generated:
     """Generate a copy of ``sdfg`` as its build did (the configuration the build saved in ``dace.conf``, the scope
     connectors filled as build.py fills them): the copy as code generation left it, the code with its markers by
-    path under the build folder, and what each library node (by guid) was expanded into. Generated once per
-    compiled SDFG and folder where ``expanded`` asked first."""
-    if sdfg in _generated and _generated[sdfg][0] == folder:
-        return _generated[sdfg][1]
+    path under the build folder, and what each library node (by guid) was expanded into."""
     generated_copy = copy.deepcopy(sdfg)
     generated_copy.fill_scope_connectors()
     with expansions(generated_copy) as expanded, temporary_config(), warnings.catch_warnings():
