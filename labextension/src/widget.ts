@@ -24,9 +24,25 @@ interface KernelHolder {
   kernel?: { interrupt(): Promise<void> } | null;
 }
 
+// A comm as JupyterLab 4.6's services have it: where its messages go, a subshell of their own or the main shell.
+interface SubshellRouting {
+  commsOverSubshells?: string;
+}
+
 export class SessionModel extends DOMWidgetModel {
   defaults(): Backbone.ObjectHash {
     return { ...super.defaults(), ...DEFAULTS };
+  }
+
+  initialize(attributes: Backbone.ObjectHash, options: any): void {
+    super.initialize(attributes, options);
+    // JupyterLab sends comm messages to a kernel subshell where the kernel has them (ipykernel 7): a request would
+    // then run on a thread of its own, where the kernel's interrupt (Cancel, the stop button) cannot reach it, since
+    // Python delivers SIGINT to the main thread only. The session's requests go to the main shell, as cells do.
+    const routing = (this.comm as { jsServicesComm?: SubshellRouting } | undefined)?.jsServicesComm;
+    if (routing && 'commsOverSubshells' in routing) {
+      routing.commsOverSubshells = 'disabled';
+    }
   }
 
   static serializers: ISerializers = { ...DOMWidgetModel.serializers };
@@ -86,6 +102,9 @@ export class SessionView extends DOMWidgetView {
       },
       onDetails: node => {
         this.detailed = node;
+        if (node && CODE_KINDS.has(node.kind)) {
+          this.asks.want(key => this.get(key));
+        }
         this.renderCode();
       },
       layout: layoutCached,
@@ -117,7 +136,7 @@ export class SessionView extends DOMWidgetView {
       this.renderGraph(false);
       this.renderOverlayChoice();
     });
-    this.listenTo(this.model, 'change:graphs change:inspected', () => this.asks.update(key => this.get(key)));
+    this.listenTo(this.model, 'change:inspected', () => this.renderOverlayChoice());
     this.listenTo(this.model, 'change:before', () => {
       // a new step's `before` comes with its `graphs`, which redraw: only a toggle left without pictures redraws
       if (this.previous && !this.hasBefore()) {
@@ -149,7 +168,6 @@ export class SessionView extends DOMWidgetView {
     this.renderProfile();
     this.renderResults();
     this.renderWhere();
-    this.asks.update(key => this.get(key));
   }
 
   remove(): any {
@@ -183,7 +201,12 @@ export class SessionView extends DOMWidgetView {
       option.value = value;
       select.appendChild(option);
     }
-    select.addEventListener('change', () => this.graphView.setOverlay((select.value as Overlay) || null));
+    select.addEventListener('change', () => {
+      if (select.value) {
+        this.asks.want(key => this.get(key));
+      }
+      this.graphView.setOverlay((select.value as Overlay) || null);
+    });
     this.overlayChoice.appendChild(select);
     bar.appendChild(this.overlayChoice);
     for (const [label, tip, fn] of [
@@ -277,11 +300,13 @@ export class SessionView extends DOMWidgetView {
     this.renderCode();
   }
 
-  // The overlay selector: there where some node or memlet carries a metric.
+  // The overlay selector: there where some node or memlet carries a metric, or where the kernel can work them out.
   private renderOverlayChoice(): void {
     const graphs = this.get('graphs');
-    const measured = (Object.values(graphs) as (Picture | null)[]).some(g => g && hasMetrics(g));
-    this.overlayChoice.style.display = measured ? '' : 'none';
+    const pictures = Object.values(graphs) as (Picture | null)[];
+    const measured = pictures.some(g => g && hasMetrics(g));
+    const askable = !this.get('inspected') && pictures.some(g => g);
+    this.overlayChoice.style.display = measured || askable ? '' : 'none';
   }
 
   private shown(): number {

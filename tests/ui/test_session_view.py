@@ -284,14 +284,14 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
     block.screenshot(path=str(artifacts / "ui-prenorm-auto-optimize.png"))
 
     # four blocks, past INSPECT_AT_ONCE nodes (505, forward and backward): the pictures come without the code and
-    # the metrics, the view asks for them on its own, and the overlays appear
+    # the metrics, the view asks for them as an overlay is chosen, and the overlays appear
     slow = notebook.locator(LIVE).nth(1)
     slow.scroll_into_view_if_needed()
 
     def large_overlays():
         expect(slow.locator(".dcnb-overlay")).to_be_visible(timeout=180_000)
         slow.locator(".dcnb-overlay select").select_option("bytes")
-        expect(slow.locator("g.dcnb-node.dcnb-heat").first).to_be_attached(timeout=30_000)
+        expect(slow.locator("g.dcnb-node.dcnb-heat").first).to_be_attached(timeout=180_000)
         expect(slow.locator(".dcnb-legend")).to_be_visible()
         slow.screenshot(path=str(artifacts / "ui-prenorm-large-overlays.png"))
         slow.locator(".dcnb-overlay select").select_option("")

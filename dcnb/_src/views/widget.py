@@ -3,10 +3,11 @@
 The view (``labextension/src/widget.ts``) draws ``graphs``, ``steps``, ``history`` and ``actions`` and sends the
 messages ``EVENTS`` names: ``{event: "apply", name, where}`` (or ``match``: an index into ``matches[name]``),
 ``{event: "undo"}``, ``{event: "reset"}``, ``{event: "export"}``, ``{event: "show", index}`` (draw that step,
-against the one it was made from; ``null``: the current one), ``{event: "profile"}``, and on its own
-``{event: "inspect", index}`` where the shown step came without its code and metrics (``inspected``). Each one
-calls the Session and then refreshes the traits, so the Python session is the only state. The traits and
-``EVENTS`` are the protocol: ``protocol.py`` writes them out as the view's ``protocol.ts``.
+against the one it was made from; ``null``: the current one), ``{event: "profile"}``, and
+``{event: "inspect", index}`` where the shown step came without its code and metrics (``inspected``) and the user
+chooses an overlay or opens a node's code. Each one calls the Session and then refreshes the traits, so the Python
+session is the only state. The traits and ``EVENTS`` are the protocol: ``protocol.py`` writes them out as the
+view's ``protocol.ts``.
 
 Its Cancel button interrupts the kernel: the step under way ends as cancelled and the session stays at its last
 good step. The tables come formatted (``record.Table``), the steps summed up (``Step.summary``): the view shows
@@ -343,8 +344,8 @@ class SessionWidget(ipywidgets.DOMWidget):
 
     def inspect(self, index: int | None = None) -> None:
         """Work out the generated code of step ``index`` (None: the shown one) and its nodes' bytes, FLOPs and
-        intensity. The view asks on its own, as a large graph shows: the outcome of the user's last request
-        stays in ``message``."""
+        intensity. On a graph past INSPECT_AT_ONCE nodes the view asks as the user chooses an overlay or opens a
+        node's code: the outcome of the user's last request stays in ``message``."""
         index = self.shown if index is None else index
         if not isinstance(index, int) or not self._is_good(index):
             raise DcnbError(f"step {index} cannot be inspected: only the good steps that led to the current one can")

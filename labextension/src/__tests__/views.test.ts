@@ -78,29 +78,29 @@ test('a timing table names its rows and has a caption; a table without rows is n
   assert.equal(drawTable(null), null);
 });
 
-test('the view asks for the code and metrics of a large graph shown without them, once per pictures', () => {
+test('asked for, the view requests the code and metrics of a large graph shown without them, once per pictures', () => {
   const sent: SessionMessage[] = [];
   const asks = new Asks(message => sent.push(message));
   const large: Picture = { ...graph(Array.from({ length: 30 }, (_, i) => mapState(`s${i}`, 12))), collapse_above: 250 };
   assert.ok(countNodes(large) > 400);
   const state: SessionState = { ...DEFAULTS, graphs: { forward: large, backward: null }, shown: 3 };
   const get: StateReader = key => state[key];
-  asks.update(get);
+  asks.want(get);
   assert.deepEqual(sent, [{ event: 'inspect', index: 3 }]);
   assert.ok(EVENTS.includes(sent[0].event));
   // the same pictures are not asked about again (a failed inspect is not repeated)
-  asks.update(get);
+  asks.want(get);
   assert.equal(sent.length, 1);
   // their code and metrics came: nothing to ask; new pictures without them (another step shown) are asked about
   state.graphs = { forward: large };
   state.inspected = true;
-  asks.update(get);
+  asks.want(get);
   assert.equal(sent.length, 1);
   state.inspected = false;
   state.shown = 4;
-  asks.update(get);
+  asks.want(get);
   assert.deepEqual(sent[1], { event: 'inspect', index: 4 });
   // no pictures, nothing to ask about
-  asks.update(key => ({ ...DEFAULTS, graphs: {} })[key]);
+  asks.want(key => ({ ...DEFAULTS, graphs: {} })[key]);
   assert.equal(sent.length, 2);
 });
