@@ -327,11 +327,14 @@ class Session:
 
     # --- text -----------------------------------------------------------------------------------------------------
 
-    def as_text(self) -> str:
+    @property
+    def title(self) -> str:
+        """The module, its inputs' shapes and the device: ``Mish (8x32x64x64) on cpu``."""
         shapes = ", ".join("x".join(str(d) for d in t.shape) for t in self._inputs)
-        lines = [f"dcnb session: {self.name} ({shapes}) on {self.device}"]
-        lines.extend(history_table(self._history))
-        return "\n".join(lines)
+        return f"{self.name} ({shapes}) on {self.device}"
+
+    def as_text(self) -> str:
+        return "\n".join([f"dcnb session: {self.title}", *history_table(self._history)])
 
     def __repr__(self) -> str:
         return self.as_text()

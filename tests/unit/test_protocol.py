@@ -18,14 +18,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 class _Session:
     """The little of a Session the widget reads: two good steps, no SDFGs (nothing to compile)."""
 
-    name, device, recipe, forward_sdfg, backward_sdfg = "Mish", "cpu", [], None, None
+    name, title, device, recipe, forward_sdfg, backward_sdfg = "Mish", "Mish (4x8) on cpu", "cpu", [], None, None
 
     def __init__(self):
         self.history = [Step(0, "naive", {}, None, ok=True), Step(1, "map_fusion", {}, None, ok=True)]
         self.current = self.history[-1]
 
     def as_text(self) -> str:
-        return "dcnb session: Mish (4x8) on cpu"
+        return f"dcnb session: {self.title}"
 
     def actions(self, where: list[str] | None = None) -> list:
         return []

@@ -336,14 +336,14 @@ def _widget_rows(table: dict) -> list[list[str]]:
 class _Shown:
     """What the widget and the static rendering read of a Session, over steps made up here."""
 
-    name, device, recipe, forward_sdfg, backward_sdfg = "Mish", "cpu", [], None, None
+    name, title, device, recipe, forward_sdfg, backward_sdfg = "Mish", "Mish (4x8) on cpu", "cpu", [], None, None
 
     def __init__(self, history: list[Step]):
         self.history = history
         self.current = history[-1]
 
     def as_text(self) -> str:
-        return "\n".join(["dcnb session: Mish (4x8) on cpu", *record.history_table(self.history)])
+        return "\n".join([f"dcnb session: {self.title}", *record.history_table(self.history)])
 
     def actions(self, where: list[str] | None = None) -> list:
         return []

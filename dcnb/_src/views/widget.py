@@ -169,7 +169,7 @@ class SessionWidget(ipywidgets.DOMWidget):
         profiled = by_sdfg.get(id(self._profiled)) if self._profiled is not None else None
         with self.hold_sync():
             self.profile = (profile.table(s, profiled) or {}) if profiled is not None else {}
-            self.title = s.as_text().splitlines()[0].removeprefix("dcnb session: ")
+            self.title = s.title
             self.shown = shown
             self.graphs, self.before = self._pictures(shown)
             self.inspected = overlays.known(s, shown) is not None
