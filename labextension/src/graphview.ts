@@ -23,7 +23,7 @@ import {
   StateData,
   statesById
 } from './layout';
-import { Heat, heatColour, heatPosition, heatScale, metricText, Overlay, OVERLAYS } from './overlay';
+import { Heat, heatColour, heatPosition, heatScale, metricText, Overlay } from './overlay';
 import { Constants } from './protocol';
 
 export interface GraphViewOptions {
@@ -410,7 +410,7 @@ export class GraphView {
     title.textContent = [
       nodeText(node),
       node.change ? `${node.change} by this step` : '',
-      this.overlay && value !== undefined ? `${overlayName(this.overlay)}: ${metricText(this.overlay, value)}` : ''
+      this.overlay && value !== undefined ? `${this.overlayName(this.overlay)}: ${metricText(this.overlay, value)}` : ''
     ]
       .filter(Boolean)
       .join('\n');
@@ -504,9 +504,9 @@ export class GraphView {
       this.details.appendChild(el('div', `dcnb-details-change dcnb-${node.change}`, `${node.change} by this step`));
     }
     const rows: [string, string][] = Object.entries(node.info);
-    for (const [key, name] of OVERLAYS) {
-      const value = key ? node.metrics?.[key] : undefined;
-      if (key && value !== undefined) {
+    for (const [key, name] of Object.entries(this.options.constants.overlays) as [Overlay, string][]) {
+      const value = node.metrics?.[key];
+      if (value !== undefined) {
         rows.push([name, metricText(key, value)]);
       }
     }
@@ -553,6 +553,10 @@ export class GraphView {
   }
 
   // The overlay's scale: its lowest and highest value either side of the colours.
+  private overlayName(overlay: Overlay): string {
+    return this.options.constants.overlays[overlay] ?? overlay;
+  }
+
   private drawLegend(): void {
     const overlay = this.overlay;
     const heat = this.nodeHeat();
@@ -565,7 +569,7 @@ export class GraphView {
     const colours = this.options.constants.heat_colours.join(', ');
     bar.setAttribute('style', `background: linear-gradient(to right, ${colours})`);
     this.legend.append(
-      el('span', '', `${overlayName(overlay)} (log scale): ${metricText(overlay, heat.min)}`),
+      el('span', '', `${this.overlayName(overlay)} (log scale): ${metricText(overlay, heat.min)}`),
       bar,
       el('span', '', metricText(overlay, heat.max))
     );
@@ -628,10 +632,6 @@ export class GraphView {
 
 // stands in for a node a former picture lacked
 const NOT_A_NODE: NodeData = { id: '', kind: 'other', label: '', scope: null, info: {} };
-
-function overlayName(overlay: Overlay): string {
-  return OVERLAYS.find(([key]) => key === overlay)?.[1] ?? overlay;
-}
 
 // Where a container's collapse box goes: in a map entry's lower left, a nested SDFG's upper left (its header,
 // where it is expanded).

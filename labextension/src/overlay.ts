@@ -5,14 +5,11 @@ import { Metrics } from './layout';
 
 export type Overlay = keyof Metrics;
 
-// the selector's choices, in its order ('' shows no overlay)
-export const OVERLAYS: [Overlay | '', string][] = [
-  ['', 'none'],
-  ['bytes', 'bytes'],
-  ['flops', 'FLOPs'],
-  ['intensity', 'intensity'],
-  ['ms', 'time']
-];
+// The selector's choices, in the kernel's order with the kernel's names (`constants.overlays`, those of the static
+// rendering); '' shows no overlay.
+export function overlayChoices(names: Record<string, string>): [Overlay | '', string][] {
+  return [['', 'none'], ...(Object.entries(names) as [Overlay, string][])];
+}
 
 export interface Heat {
   min: number;

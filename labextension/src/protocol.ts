@@ -6,6 +6,7 @@ import { TableData } from './tables';
 export interface Constants {
   heat_colours: string[];
   removed_shown: number;
+  overlays: Record<string, string>;
 }
 
 // The session widget's state: one field per synced trait.
@@ -85,7 +86,7 @@ export const DEFAULTS: SessionState = {
   recipe: '[]',
   sources: {},
   profile: {},
-  constants: { heat_colours: ['#ffffb2', '#fecc5c', '#fd8d3c', '#f03b20', '#bd0026'], removed_shown: 12 },
+  constants: { heat_colours: ['#ffffb2', '#fecc5c', '#fd8d3c', '#f03b20', '#bd0026'], removed_shown: 12, overlays: { bytes: 'bytes', flops: 'FLOPs', intensity: 'intensity', ms: 'time' } },
 };
 
 // The requests the view sends, by name (widget.py's EVENTS).

@@ -98,8 +98,8 @@ export class SessionRenderer extends Panel implements IRenderMime.IRenderer {
     const saved = model.data[SESSION_MIME] as SavedSession | undefined;
     if (saved?.graphs?.forward) {
       // the pictures, drawn as the live widget draws them (in place of the static SVGs); an output saved before
-      // the kernel sent its constants takes Python's defaults
-      box.addWidget(new KernelFreeGraphs(saved.graphs, saved.constants ?? DEFAULTS.constants));
+      // the kernel sent its constants (or some of them) takes Python's defaults for what it lacks
+      box.addWidget(new KernelFreeGraphs(saved.graphs, { ...DEFAULTS.constants, ...saved.constants }));
       box.addClass('dcnb-has-graphs');
     }
     // the text/html renderer sanitizes the markup of untrusted notebooks

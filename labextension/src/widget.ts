@@ -11,7 +11,7 @@ import { BeforeData, elapsed, MatchData, percent, Tab } from './format';
 import { GraphView } from './graphview';
 import { displayName, NodeData, Picture } from './layout';
 import { layoutAhead, layoutCached } from './layoutclient';
-import { Overlay, OVERLAYS } from './overlay';
+import { Overlay, overlayChoices } from './overlay';
 import { DEFAULTS, SessionMessage, SessionState } from './protocol';
 import { drawTable } from './tables';
 
@@ -196,7 +196,7 @@ export class SessionView extends DOMWidgetView {
     bar.appendChild(el('span', 'dcnb-spacer'));
     this.overlayChoice = el('label', 'dcnb-overlay', 'Overlay: ');
     const select = el('select');
-    for (const [value, name] of OVERLAYS) {
+    for (const [value, name] of overlayChoices(this.get('constants').overlays)) {
       const option = el('option', '', name);
       option.value = value;
       select.appendChild(option);

@@ -99,6 +99,10 @@ def test_a_graph_without_its_code_and_metrics_gets_them_when_the_view_asks(worke
 
 def test_the_view_draws_by_the_static_renderings_constants(worked_out):
     w = widget.SessionWidget(_Session())
-    assert w.constants == {"heat_colours": list(render.HEAT_COLOURS), "removed_shown": render.REMOVED_SHOWN}
+    assert w.constants == {
+        "heat_colours": list(render.HEAT_COLOURS),
+        "removed_shown": render.REMOVED_SHOWN,
+        "overlays": render.OVERLAYS,
+    }
     # and so does the drawing of a saved output without the kernel
     assert w._repr_mimebundle_()[widget.SESSION_MIME]["constants"] == w.constants

@@ -112,6 +112,8 @@ def _value_type(value: Any) -> str:
         return "string"
     if isinstance(value, (list, tuple)) and value:
         return _value_type(value[0]) + "[]"
+    if isinstance(value, dict) and value:
+        return f"Record<string, {_value_type(next(iter(value.values())))}>"
     raise TypeError(f"no TypeScript type for {value!r}")
 
 

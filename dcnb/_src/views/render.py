@@ -226,14 +226,14 @@ def heat_html(picture: dict[str, Any]) -> str:
         if n["metrics"].get(heat.metric)
     ]
     return (
-        f"<p class='dcnb-heat' style='margin: 4px 0'>colour: {_OVERLAYS[heat.metric]} from "
+        f"<p class='dcnb-heat' style='margin: 4px 0'>colour: {OVERLAYS[heat.metric]} from "
         f"{_e(metric_text(heat.metric, heat.low))} {ramp} to {_e(metric_text(heat.metric, heat.high))}</p>"
         f"<ul class='dcnb-hottest' style='margin: 2px 0'>{''.join(rows)}</ul>"
     )
 
 
 def _metrics_text(measured: dict[str, float]) -> str:
-    return " · ".join(f"{_OVERLAYS[k]} {metric_text(k, measured[k])}" for k in _OVERLAYS if k in measured)
+    return " · ".join(f"{OVERLAYS[k]} {metric_text(k, measured[k])}" for k in OVERLAYS if k in measured)
 
 
 def _graph_box(picture: dict[str, Any], svg: str) -> str:
@@ -403,7 +403,9 @@ def _dot_node(node: dict[str, Any], indent: str, heat: _Heat | None, note: str =
 
 
 #: the overlays' metrics in the widget's order, as its selector names them
-_OVERLAYS = {"bytes": "bytes", "flops": "FLOPs", "intensity": "intensity", "ms": "time"}
+#: each metric a graph can be coloured by, in the order they are offered, and its name (the widget's view names them so
+#: too: sent in its ``constants``)
+OVERLAYS = {"bytes": "bytes", "flops": "FLOPs", "intensity": "intensity", "ms": "time"}
 #: light yellow to dark red (ColorBrewer's YlOrRd), readable under black labels at its light end; the widget's view
 #: colours by them too (sent in its ``constants``)
 HEAT_COLOURS = ("#ffffb2", "#fecc5c", "#fd8d3c", "#f03b20", "#bd0026")

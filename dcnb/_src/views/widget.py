@@ -53,7 +53,11 @@ EVENTS: dict[str, dict[str, Any]] = {
 }
 #: the values the view draws by that the static rendering shares (``constants``; the view falls back on these,
 #: generated into protocol.ts, where a saved output lacks them)
-CONSTANTS: dict[str, Any] = {"heat_colours": list(render.HEAT_COLOURS), "removed_shown": render.REMOVED_SHOWN}
+CONSTANTS: dict[str, Any] = {
+    "heat_colours": list(render.HEAT_COLOURS),
+    "removed_shown": render.REMOVED_SHOWN,
+    "overlays": dict(render.OVERLAYS),
+}
 
 
 class Progress:

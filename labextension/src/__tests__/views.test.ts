@@ -7,6 +7,7 @@ import { graph, mapState } from './pictures';
 import { Asks, StateReader } from '../asks';
 import { GraphView } from '../graphview';
 import { countNodes, Picture } from '../layout';
+import { overlayChoices } from '../overlay';
 import { DEFAULTS, EVENTS, SessionMessage, SessionState } from '../protocol';
 import { drawTable, TableData } from '../tables';
 
@@ -103,4 +104,15 @@ test('asked for, the view requests the code and metrics of a large graph shown w
   // no pictures, nothing to ask about
   asks.want(key => ({ ...DEFAULTS, graphs: {} })[key]);
   assert.equal(sent.length, 2);
+});
+
+test('the overlay selector offers what the kernel names, in its order, after none', () => {
+  assert.deepEqual(overlayChoices(DEFAULTS.constants.overlays), [
+    ['', 'none'],
+    ['bytes', 'bytes'],
+    ['flops', 'FLOPs'],
+    ['intensity', 'intensity'],
+    ['ms', 'time']
+  ]);
+  assert.deepEqual(overlayChoices({ ms: 'time' }), [['', 'none'], ['ms', 'time']]);
 });
