@@ -176,13 +176,15 @@ def _signature(placed: Placed) -> Hashable:
 
 #: the states DaCe splits off while inlining (``isolate_nested_sdfg``) are labelled ``<label>_pre_state``; state
 #: fusion keeps the first label, so each nested SDFG inlined adds one more
-SPLIT_STATE = re.compile(r"(?:_(?:pre|post)_state)+")
+_SPLIT_STATE = re.compile(r"(?:_(?:pre|post)_state)+")
+#: what ends a reversed state's stem
+REVERSED = "_reversed"
 
 
 def state_stem(raw: str) -> str:
     """A state's label without the suffixes inlining piles up; a reversed state's as its forward one's plus a mark,
     whether DaCe reversed it as a loop or not."""
-    stem = SPLIT_STATE.sub("", raw)
+    stem = _SPLIT_STATE.sub("", raw)
     if match := re.fullmatch(r"(.+?)_(?:loop_)?reversed", stem):
-        return f"{state_stem(match[1])}_reversed"
+        return state_stem(match[1]) + REVERSED
     return stem

@@ -25,7 +25,7 @@ import functools
 import re
 import sys
 
-from ..diff import SPLIT_STATE
+from ..diff import REVERSED, state_stem
 
 #: clean_onnx_name's spellings, read back
 _UNESCAPED = {"DOT": ".", "COLON": ":", "SLASH": "/", "DASH": "-"}
@@ -87,9 +87,9 @@ def readable_sdfg(raw: str) -> str:
 
 def readable_state(raw: str) -> str:
     """A state's label without the suffixes inlining piles up; a reversed state reads as its forward one."""
-    label = SPLIT_STATE.sub("", raw)
-    if match := re.fullmatch(r"(.+?)_(?:loop_)?reversed", label):
-        return f"{readable_state(match[1])} (backward)"
+    label = state_stem(raw)
+    if label.endswith(REVERSED):
+        return f"{readable_state(label.removesuffix(REVERSED))} (backward)"
     if match := re.fullmatch(r"copy_(in|out)_(.+)", label):
         return f"copy {match[1]} {readable(match[2])}"
     return label
