@@ -102,9 +102,10 @@ def _configure(device: str, cuda_arch: str | None) -> None:
         forked.put_first_on_path(cmake.CMAKE_BIN_DIR)
         if cuda_arch:
             Config.set("compiler", "cuda", "cuda_arch", value=cuda_arch)
-        # DaCe launches on streams of its own that do not wait for PyTorch's (non-blocking): a kernel could read
-        # an input PyTorch is still computing. On the default stream, both run in the order they were issued.
-        Config.set("compiler", "cuda", "max_concurrent_streams", value=-1)
+        # one stream, which each call sets to PyTorch's current one (module._Call, native.cpp): DaCe's own
+        # streams are non-blocking and would not wait for the inputs PyTorch is computing, and the legacy default
+        # stream (-1) cannot be captured into a CUDA graph
+        Config.set("compiler", "cuda", "max_concurrent_streams", value=1)
     if device == "cpu" and vecmath.libraries():
         libs = Config.get("compiler", "cpu", "libs")
         Config.set("compiler", "cpu", "libs", value=f"{libs} {vecmath.libraries()}".strip())

@@ -210,6 +210,8 @@ class _Call:
         # symbolic sizes would need DaCe's own argument handling
         self.direct = not binary.sdfg.free_symbols
         self.ready = False
+        # (CUDA) the binary's one stream, set to PyTorch's current one before each call (build.py)
+        self.set_streams = binary.get_exported_function("__dace_gpu_set_all_streams")
 
     def __call__(self, args: dict) -> None:
         # a CPU binary keeps its scratch arrays in its state (passes/lifetimes.py): one call at a time
@@ -217,6 +219,11 @@ class _Call:
             self._call(args)
 
     def _call(self, args: dict) -> None:
+        if self.set_streams is not None:
+            if not self.direct:  # its initialization takes the symbols
+                self.binary.initialize(**args)
+            state = dace_internals.initialized_state(self.binary)
+            self.set_streams(ctypes.c_void_p(state), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if not (self.ready and self.direct):
             self.binary(**args)
             self.ready = True

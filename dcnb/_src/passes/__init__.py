@@ -72,6 +72,7 @@ CUDA_BUILD = (
     Pass(cuda_build.size_blocks),
     Pass(lifetimes.persistent_gpu_transients),
     Pass(lifetimes.zeroed_transients_per_call),
+    Pass(cuda_build.no_state_syncs),
 )
 
 BUILD = {"cpu": CPU_BUILD, "cuda": CUDA_BUILD}
