@@ -19,8 +19,9 @@ import dcnb
 from dcnb._src import build, cuda_check
 from dcnb._src.views import render
 from dcnb._src.views.widget import SessionWidget
+from tests.hf_models import MODELS
 from tests.models import Mish
-from tests.zoo import CASES
+from tests.zoo import CASES, ZOO
 
 pytestmark = pytest.mark.compile
 
@@ -49,11 +50,12 @@ def _program_body(host: str) -> str:
 def test_the_fused_mish_builds_for_cuda_without_a_gpu():
     session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0)
     assert session.apply("tasklet_fusion").ok
-    for _, cuda in _cuda_sources(session):
+    for host, cuda in _cuda_sources(session):
         assert "__global__" in cuda
-        # on PyTorch's stream (the default one), so that kernels wait for the inputs PyTorch is computing
+        # on the binary's one stream, which each call sets to PyTorch's current one, and no host wait in a call
         launches = re.findall(r"cudaLaunchKernel\(.*\);", cuda)
-        assert launches and all(launch.endswith(", 0, nullptr);") for launch in launches), launches
+        assert launches and all(launch.endswith(", 0, __state->gpu_context->streams[0]);") for launch in launches), launches
+        assert "Synchronize(" not in _program_body(host)
         # 256 threads per block (8 rows of 32), not DaCe's one warp
         assert "__launch_bounds__(256)" in cuda
 
@@ -74,6 +76,26 @@ def test_layer_norm_and_accumulated_gradients_build_for_cuda():
     # and passed LayerNorm's scalar epsilon to a kernel by value where a pointer was needed
     module, inputs = CASES["mlp"].build()
     session = dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0)
+    assert all("__global__" in cuda for _, cuda in _cuda_sources(session))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "name,training",
+    [pytest.param(c.name, c.modes[-1], id=f"{c.name}-{'train' if c.modes[-1] else 'eval'}") for c in ZOO],
+)
+def test_the_zoo_builds_for_cuda(name, training):
+    # each entry's naive step in its last mode (training where it has one: batch statistics, the loss's gradient)
+    module, inputs = CASES[name].build()
+    session = dcnb.optimize(module, *inputs, training=training, baselines=(), time_budget=0.0)
+    assert all("__global__" in cuda for _, cuda in _cuda_sources(session))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model", MODELS, ids=[m.name for m in MODELS])
+def test_the_hugging_face_models_build_for_cuda(model):
+    module, inputs, kwargs = model.build()
+    session = dcnb.optimize(module, *inputs, kwargs=kwargs, training=model.modes[-1], baselines=(), time_budget=0.0)
     assert all("__global__" in cuda for _, cuda in _cuda_sources(session))
 
 

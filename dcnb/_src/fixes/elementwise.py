@@ -10,6 +10,7 @@ import dace
 from dace.autodiff.base_abc import BackwardImplementation
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
+from dace.libraries.onnx.op_implementations.normalization_ops import PureDropout
 from dace.registry import autoregister_params
 from dace.sdfg.utils import out_desc_with_name
 from dace.transformation.onnx import constant_folding
@@ -256,6 +257,50 @@ class ModBackward(BackwardImplementation):
 
 
 default_backward("Mod")
+
+
+def _drops_nothing(node, state, sdfg) -> bool:
+    """Whether a Dropout passes its input through: in eval mode, or with a probability of 0 (both constants)."""
+    constants = {
+        e.dst_conn: onnx_constant_or_none(sdfg, e.src.data)
+        for e in state.in_edges(node)
+        if e.dst_conn in ("ratio", "training_mode")
+    }
+    known = all(c is not None for c in constants.values())
+    return known and (not constants.get("training_mode") or constants.get("ratio", 0.5) == 0)
+
+
+@pure_expansion("Dropout", name="dcnb")
+class DropoutPassingThrough(ONNXForward):
+    # gap: DaCe's Dropout expansion is host C++ with a function-scope static random state even where nothing is
+    # dropped, which a CUDA kernel cannot hold ("dynamic initialization is not supported for a function-scope static
+    # __device__ variable"): every transformer's CUDA build failed. Where it drops values, DaCe's runs.
+    @staticmethod
+    def forward(node, state, sdfg):
+        if not _drops_nothing(node, state, sdfg):
+            return PureDropout.forward(node, state, sdfg)
+        nsdfg = dace.SDFG(f"{node.label}_expansion")
+        for edge in (*state.in_edges(node), *state.out_edges(node)):
+            desc = copy.deepcopy(sdfg.arrays[edge.data.data])
+            desc.transient = False
+            nsdfg.add_datadesc(edge.dst_conn or edge.src_conn, desc)
+        y = nsdfg.arrays["output"]
+        params = [f"__i{k}" for k in range(len(y.shape))] or ["__i0"]
+        index = ", ".join(params)
+        outputs = {"__y": dace.Memlet(f"output[{index}]")}
+        code = "__y = __x"
+        if "mask" in node.out_connectors:
+            outputs["__m"] = dace.Memlet(f"mask[{index}]")
+            code += "\n__m = True"
+        nsdfg.add_state().add_mapped_tasklet(
+            f"{node.label}_map",
+            {p: f"0:{s}" for p, s in zip(params, list(y.shape) or [1])},
+            {"__x": dace.Memlet(f"data[{index}]")},
+            code,
+            outputs,
+            external_edges=True,
+        )
+        return nsdfg
 
 
 @autoregister_params(op="Dropout", name="dcnb")

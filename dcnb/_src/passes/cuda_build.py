@@ -27,7 +27,22 @@ def to_gpu(sdfg: dace.SDFG) -> int:
             desc.storage = dace.StorageType.GPU_Global
     sdfg.apply_gpu_transformations(simplify=False)
     simplify(sdfg)
+    gpu_scalars_as_arrays(sdfg)
     return moved
+
+
+def gpu_scalars_as_arrays(sdfg: dace.SDFG) -> None:
+    """Scalars in GPU memory (a loss's gradient, between nested SDFGs) as arrays of one element.
+
+    gap: DaCe's code generator passes such a scalar to a nested SDFG's function as a host reference
+    (``const float&``) while the kernels inside take its device pointer: the MLP's and the loss's backward did not
+    compile for CUDA ("cannot convert 'const float' to 'const float*'")."""
+    for nested in sdfg.all_sdfgs_recursive():
+        for name, desc in list(nested.arrays.items()):
+            if isinstance(desc, dt.Scalar) and desc.storage == dace.StorageType.GPU_Global:
+                nested.arrays[name] = dt.Array(
+                    desc.dtype, [1], transient=desc.transient, storage=desc.storage, lifetime=desc.lifetime
+                )
 
 
 #: threads per block where a kernel gives none: enough warps per block to hide memory latency
@@ -51,6 +66,17 @@ def size_blocks(sdfg: dace.SDFG) -> None:
         x = min(-(-int(extents[0]) // 32) * 32, THREADS_PER_BLOCK)
         y = min(int(extents[1]), THREADS_PER_BLOCK // x) if len(extents) > 1 else 1
         node.map.gpu_block_size = [x, y, 1]
+
+
+def no_state_syncs(sdfg: dace.SDFG) -> None:
+    """No host wait at the end of each state: on the one stream PyTorch's work and the call's run in order, the
+    host reads no GPU memory between states, and a wait would forbid capturing a call into a CUDA graph.
+
+    gap: DaCe's CUDA code generator ends every host state with a stream synchronization unless the state says
+    ``nosync``; copies the host itself reads still synchronize."""
+    for nested in sdfg.all_sdfgs_recursive():
+        for state in nested.states():
+            state.nosync = True
 
 
 def host_nodes(sdfg: dace.SDFG) -> list[nodes.MapEntry | nodes.LibraryNode]:
