@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md); each sets up what it needs first.
-.PHONY: setup mish test unit zoo models ops notebooks cuda gpu
+.PHONY: setup mish test unit zoo models ops notebooks cuda gpu gpu-wheels
 
 setup:
 	@./scripts/setup.sh
@@ -35,13 +35,14 @@ notebooks: setup
 cuda: setup
 	.venv/bin/python -m pytest --cuda tests/compile/test_cuda_build.py tests/compile/test_rows_cuda.py
 
-# on a machine with a GPU and a CUDA build of PyTorch, which setup's CPU wheel is not (`make gpu PYTHON=python3`
-# takes another interpreter): the CUDA call path, its graphs and the zoo on CUDA (tests/gpu), then the Mish and norm
-# benchmarks on CUDA, a JSON line each (benchmarks/NOTES.md, GPU section)
-gpu: PYTHON ?= .venv/bin/python
+# on a machine with a GPU and a CUDA build of PyTorch, which setup's CPU wheel is not (its image's python3 by default;
+# `make gpu PYTHON=...` takes another), in one command within 10 minutes on an H100: the CUDA call path, its graphs and
+# the zoo on CUDA (tests/gpu), the Mish and norm benchmarks, the Hugging Face models' naive and best steps, one JSON
+# line per figure (scripts/gpu.sh; docs/gpu.md). Where that machine reaches no package index, run `make gpu-wheels`
+# here first: .whl/ then travels with the tree and gpu.sh installs from it.
+gpu: PYTHON ?= python3
 gpu:
-	$(PYTHON) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu needs a GPU and a CUDA PyTorch')"
-	$(PYTHON) -m pytest --gpu tests/gpu
-	DCNB_NATIVE_CUDA=1 $(PYTHON) benchmarks/mish.py --device cuda --json
-	$(PYTHON) benchmarks/mish.py --device cuda --json
-	DCNB_NATIVE_CUDA=1 $(PYTHON) benchmarks/norms.py --device cuda --json
+	PYTHON=$(PYTHON) ./scripts/gpu.sh
+
+gpu-wheels: setup
+	./scripts/gpu_wheels.sh

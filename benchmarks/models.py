@@ -6,11 +6,14 @@ transformation, compile, check and timing together).
     .venv/bin/python benchmarks/models.py --json                  # one JSON line per model
     .venv/bin/python benchmarks/models.py --markdown              # benchmarks/NOTES.md's models table
     .venv/bin/python benchmarks/models.py --only bert_layer gpt2_block --batch 8
+    python3 benchmarks/models.py --json --device cuda --warm 8     # on a GPU (make gpu): builds first, 8 at a time
 
 ``--batch K`` repeats every input K times along its batch dimension (the models' configs are tiny; a larger batch
 gives 2 cores enough work for the ratios to mean something). Each model runs in a process of its own, so that a
 crash in generated code costs one row, not the table. A model's best recipe is the file's steps where that file
-exists, else the fastest of the naive step and the recipes in SEARCHED; ``--save-recipes`` writes that one out.
+exists and every step of it is offered on the device, else the fastest of the naive step and the recipes in SEARCHED
+offered there; ``--save-recipes`` writes that one out. ``--warm N`` first makes every model's steps in N processes at
+once, untimed, so that the timed run that follows (one model at a time) finds its builds in the cache.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def _step_row(prefix: str, step, seconds: float) -> dict[str, Any]:
     row: dict[str, Any] = {f"{prefix}_ok": step.ok, f"{prefix}_step_s": round(seconds, 1)}
     if not step.ok:
         row[f"{prefix}_error"] = (step.error or "").splitlines()[0][:200]
+        return row
+    if "dcnb" not in step.timings:  # untimed (--warm)
         return row
     dcnb_ms = step.timings["dcnb"].median
     row[f"{prefix}_ms"] = round(dcnb_ms, 3)
@@ -86,13 +91,20 @@ def _build(name: str, batch: int) -> tuple:
     return module, inputs, kwargs
 
 
-def measure(name: str, batch: int, budget: float, save: bool) -> dict[str, Any]:
-    """One row: the naive step, auto_optimize from it and the best recipe, each timed against the baselines."""
+def _offered(recipe: list[dict[str, Any]], device: str) -> bool:
+    from dcnb._src import actions
+
+    return all(device in actions.get(step["name"]).devices for step in recipe)
+
+
+def measure(name: str, batch: int, budget: float, save: bool, device: str = "cpu", warm: bool = False) -> dict[str, Any]:
+    """One row: the naive step, auto_optimize from it and the best recipe, each timed against the baselines (none
+    where ``warm``: the steps are only made, for the cache)."""
     import dcnb
 
     module, inputs, kwargs = _build(name, batch)
-    options = {"kwargs": kwargs, "baselines": BASELINES, "time_budget": budget}
-    row: dict[str, Any] = {"model": name, "batch": inputs[0].shape[0]}
+    options = {"kwargs": kwargs, "baselines": () if warm else BASELINES, "time_budget": budget, "device": device}
+    row: dict[str, Any] = {"model": name, "batch": inputs[0].shape[0], "device": device}
 
     start = time.perf_counter()
     try:
@@ -105,8 +117,12 @@ def measure(name: str, batch: int, budget: float, save: bool) -> dict[str, Any]:
         if baseline in naive.timings:
             row[f"{baseline}_ms"] = round(naive.timings[baseline].median, 3)
 
+    if not naive.ok:
+        return row
     tried = [(naive, [], "naive")]
     for recipe in SEARCHED:
+        if not _offered([{"name": n} for n in recipe], device):
+            continue
         session.reset()
         start = time.perf_counter()
         for action in recipe:
@@ -119,7 +135,7 @@ def measure(name: str, batch: int, budget: float, save: bool) -> dict[str, Any]:
             tried.append((step, session.recipe, label))
 
     kept = RECIPES / f"{name}.json"
-    if kept.exists():
+    if kept.exists() and _offered(json.loads(kept.read_text()), device):
         recipe = json.loads(kept.read_text())
         start = time.perf_counter()
         try:
@@ -127,6 +143,8 @@ def measure(name: str, batch: int, budget: float, save: bool) -> dict[str, Any]:
         except dcnb.DcnbError as e:
             return row | {"best_ok": False, "best_error": str(e).splitlines()[0][:200]}
         row |= {"best_recipe": str(kept.relative_to(ROOT))} | _step_row("best", best, time.perf_counter() - start)
+        return row
+    if warm:
         return row
     # no recipe kept: the fastest step tried (each against its own run's eager time)
     best, recipe, label = min(tried, key=lambda c: c[0].timings["dcnb"].median / c[0].timings["torch"].median)
@@ -142,19 +160,42 @@ def measure(name: str, batch: int, budget: float, save: bool) -> dict[str, Any]:
 
 def _child(args: argparse.Namespace) -> None:
     warnings.simplefilter("ignore")
-    print("MODEL " + json.dumps(measure(args.child, args.batch, args.budget, args.save_recipes)), flush=True)
+    row = measure(args.child, args.batch, args.budget, args.save_recipes, args.device, warm=bool(args.warm))
+    print("MODEL " + json.dumps(row), flush=True)
 
 
-def _run(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", name, "--batch", str(args.batch), "--budget", str(args.budget)]
-    if args.save_recipes:
+def _command(name: str, args: argparse.Namespace, warm: bool) -> list[str]:
+    command = [sys.executable, __file__, "--child", name, "--batch", str(args.batch), "--device", args.device]
+    command += ["--budget", "0", "--warm", "1"] if warm else ["--budget", str(args.budget)]
+    if args.save_recipes and not warm:
         command.append("--save-recipes")
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    return command
+
+
+def _row(name: str, done: subprocess.CompletedProcess) -> dict[str, Any]:
     found = [json.loads(line[6:]) for line in done.stdout.splitlines() if line.startswith("MODEL ")]
     if found:
         return found[0]
     last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
     return {"model": name, "crashed": last[:200]}
+
+
+def _run(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    return _row(name, subprocess.run(_command(name, args, warm=False), capture_output=True, text=True, cwd=ROOT))
+
+
+def _warm(names: list[str], args: argparse.Namespace) -> None:
+    """Every model's steps made, ``args.warm`` processes at a time, untimed: the builds land in the cache."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str) -> None:
+        start = time.perf_counter()
+        done = subprocess.run(_command(name, args, warm=True), capture_output=True, text=True, cwd=ROOT)
+        row = _row(name, done)
+        print(f"warmed {name} in {time.perf_counter() - start:.0f} s: {json.dumps(row)}", file=sys.stderr, flush=True)
+
+    with ThreadPoolExecutor(args.warm) as pool:
+        list(pool.map(one, names))
 
 
 def _ratio(row: dict[str, Any], key: str) -> str:
@@ -190,6 +231,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="times each input is repeated along its batch dimension")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of interleaved timing per step")
     parser.add_argument("--save-recipes", action="store_true", help="keep each model's best step as its recipe file")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--warm", type=int, default=0, metavar="N", help="first make every step untimed, N at a time")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -202,10 +245,11 @@ def main() -> None:
     unknown = set(args.only or ()) - set(names)
     if unknown:
         parser.error(f"no such model: {', '.join(sorted(unknown))} (tests/hf_models.py and SIZED have {names})")
+    names = [name for name in names if not args.only or name in args.only]
+    if args.warm:
+        _warm(names, args)
     rows = []
     for name in names:
-        if args.only and name not in args.only:
-            continue
         row = _run(name, args)
         rows.append(row)
         print(json.dumps(row) if args.json else f"{name}: {json.dumps(row)}", file=sys.stdout if args.json else sys.stderr, flush=True)

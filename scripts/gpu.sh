@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# make gpu: the CUDA path on a machine with a GPU and a CUDA build of PyTorch, in one command that ends within 10
+# minutes on an H100 (its builds included). Each part prints its figures as JSON lines, gathered in
+# $GPU_OUT/benchmarks.jsonl (out/gpu by default) beside each part's log.
+#
+# A GPU machine that reaches no package index gets DaCe and what its image lacks from .whl/ (`make gpu-wheels`
+# fills it where pip reaches one), installed beside its own Python's packages, never over them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT_DIR=${GPU_OUT:-out/gpu}
+JOBS=${GPU_JOBS:-8}
+mkdir -p "$OUT_DIR"
+: >"$OUT_DIR/benchmarks.jsonl"
+
+if ! "$PY" -c "import dace" 2>/dev/null; then
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "make gpu: DaCe is not installed for $PY and .whl/ holds no wheels (make gpu-wheels where pip reaches an index)" >&2
+        exit 2
+    fi
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/dcnb-site .whl/*.whl || exit 2
+    export PYTHONPATH=/tmp/dcnb-site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# builds on local disk, and none in the background: on a GPU the steps' own builds are the CUDA builds
+export DCNB_CACHE=${DCNB_CACHE:-/tmp/dcnb-cache} DCNB_CUDA_BUILD=0
+"$PY" -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu needs a GPU and a CUDA PyTorch')" || exit 2
+"$PY" -c "
+import json, torch, dace, numpy
+print(json.dumps({'figure': 'machine', 'gpu': torch.cuda.get_device_name(), 'torch': torch.__version__,
+                  'cuda': torch.version.cuda, 'dace': dace.__version__, 'numpy': numpy.__version__}))
+" | tee -a "$OUT_DIR/benchmarks.jsonl"
+
+status=0
+# a part's JSON lines go to benchmarks.jsonl; a part that fails marks the run failed and the next one still runs
+part() {
+    local name=$1
+    shift
+    echo "== $name: $*" >&2
+    local start=$SECONDS
+    "$@" 2>>"$OUT_DIR/$name.err" | tee -a "$OUT_DIR/benchmarks.jsonl"
+    local rc=${PIPESTATUS[0]}
+    echo "== $name: exit $rc in $((SECONDS - start)) s" >&2
+    [ "$rc" = 0 ] || { status=1; tail -n 30 "$OUT_DIR/$name.err" >&2; }
+}
+
+# pytest over tests/gpu, builds in parallel: one JSON line of counts
+tests() {
+    local name=$1
+    shift
+    echo "== $name" >&2
+    local start=$SECONDS
+    "$PY" -m pytest --gpu tests/gpu -q -p no:cacheprovider -n "$JOBS" --junitxml="$OUT_DIR/$name.xml" "$@" >"$OUT_DIR/$name.log" 2>&1
+    local rc=$?
+    tail -n 40 "$OUT_DIR/$name.log" >&2
+    [ "$rc" = 0 ] || status=1
+    "$PY" -c "
+import json, sys, xml.etree.ElementTree as ET
+s = ET.parse(sys.argv[1]).getroot().find('testsuite')
+print(json.dumps({'figure': sys.argv[2], 'tests': int(s.get('tests')), 'failures': int(s.get('failures')),
+                  'errors': int(s.get('errors')), 'skipped': int(s.get('skipped')), 'seconds': int(sys.argv[3])}))
+" "$OUT_DIR/$name.xml" "$name" $((SECONDS - start)) | tee -a "$OUT_DIR/benchmarks.jsonl"
+}
+
+export DCNB_NATIVE_CUDA=1
+# the C++ call path against eager, a side stream, CUDA graphs replayed
+tests tests_path -k "not zoo"
+# Mish 8x32x224x224 forward+backward (the C++ path with graphs, without them, the Python path) and the norms, each
+# one interleaved run against eager, torch.compile and torch.jit
+MISH=(benchmarks/mish.py --device cuda --json --jit --budget 10 --recipe map_fusion,tasklet_fusion,simplify_algebra)
+part mish "$PY" "${MISH[@]}"
+part mish_no_graphs env DCNB_CUDA_GRAPHS=0 "$PY" "${MISH[@]}"
+part mish_python env DCNB_NATIVE=0 "$PY" "${MISH[@]}"
+part norms "$PY" benchmarks/norms.py --device cuda --json --budget 5
+# the model zoo on CUDA, eval and training mode
+tests tests_zoo -k zoo
+# the Hugging Face models' naive and best steps on CUDA: built in parallel first, then timed one at a time
+part models "$PY" benchmarks/models.py --device cuda --json --warm "$JOBS" --budget 2
+
+echo "make gpu: $([ $status = 0 ] && echo passed || echo FAILED); figures in $OUT_DIR/benchmarks.jsonl" >&2
+exit $status
