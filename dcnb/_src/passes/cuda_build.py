@@ -111,9 +111,9 @@ def accumulating_copies_to_maps(sdfg: dace.SDFG) -> int:
             src, dst, memlet = edge.src, edge.dst, edge.data
             if not (isinstance(src, nodes.AccessNode) and isinstance(dst, nodes.AccessNode)) or memlet.wcr is None:
                 continue
-            if state.entry_node(src) is not None:
-                continue
             arrays = state.sdfg.arrays
+            if state.entry_node(src) is not None or any(isinstance(arrays[n.data], dt.View) for n in (src, dst)):
+                continue  # inside a kernel, or a view's own edge (which a map would leave viewing nothing)
             # the memlet's subset is its data's side of the copy; the other side, where not given, is a whole array
             ours, other = memlet.subset, memlet.other_subset
             dst_subset, src_subset = (ours, other) if memlet.data == dst.data else (other, ours)
