@@ -5,6 +5,7 @@ from __future__ import annotations
 import dace
 from dace import data as dt
 from dace.sdfg import nodes
+from dace.sdfg.utils import get_view_edge
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
 from .simplify import simplify
@@ -112,7 +113,9 @@ def accumulating_copies_to_maps(sdfg: dace.SDFG) -> int:
             if not (isinstance(src, nodes.AccessNode) and isinstance(dst, nodes.AccessNode)) or memlet.wcr is None:
                 continue
             arrays = state.sdfg.arrays
-            if state.entry_node(src) is not None or any(isinstance(arrays[n.data], dt.View) for n in (src, dst)):
+            if state.entry_node(src) is not None or any(
+                isinstance(arrays[n.data], dt.View) and get_view_edge(state, n) is edge for n in (src, dst)
+            ):
                 continue  # inside a kernel, or a view's own edge (which a map would leave viewing nothing)
             # the memlet's subset is its data's side of the copy; the other side, where not given, is a whole array
             ours, other = memlet.subset, memlet.other_subset
