@@ -5,6 +5,7 @@ from __future__ import annotations
 import dace
 from dace import data as dt
 from dace.sdfg import nodes
+from dace.sdfg.scope import is_devicelevel_gpu
 from dace.sdfg.utils import get_view_edge
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
@@ -29,21 +30,50 @@ def to_gpu(sdfg: dace.SDFG) -> int:
     sdfg.apply_gpu_transformations(simplify=False)
     simplify(sdfg)
     gpu_scalars_as_arrays(sdfg)
+    const_pointer_reads(sdfg)
     return moved
 
 
 def gpu_scalars_as_arrays(sdfg: dace.SDFG) -> None:
-    """Scalars in GPU memory (a loss's gradient, between nested SDFGs) as arrays of one element.
+    """Scalars in GPU memory as arrays of one element: transients there, and a nested SDFG's scalar argument whose
+    outer data is in GPU memory (a loss's gradient, a Gather's one-element input), outermost first.
 
     gap: DaCe's code generator passes such a scalar to a nested SDFG's function as a host reference
-    (``const float&``) while the kernels inside take its device pointer: the MLP's and the loss's backward did not
-    compile for CUDA ("cannot convert 'const float' to 'const float*'")."""
+    (``const float&``) while the kernels inside take its device pointer, and reads it inside a kernel through a
+    non-const pointer: the MLP's and the loss's backward and BERT's embeddings did not compile for CUDA ("cannot
+    convert 'const float' to 'const float*'", "'const bool *' cannot initialize 'bool *'")."""
     for nested in sdfg.all_sdfgs_recursive():
         for name, desc in list(nested.arrays.items()):
             if isinstance(desc, dt.Scalar) and desc.storage == dace.StorageType.GPU_Global:
-                nested.arrays[name] = dt.Array(
-                    desc.dtype, [1], transient=desc.transient, storage=desc.storage, lifetime=desc.lifetime
-                )
+                nested.arrays[name] = _one_element(desc, desc.transient)
+        for node, state in nested.all_nodes_recursive():
+            if not isinstance(node, nodes.NestedSDFG):
+                continue
+            for edge in (*state.in_edges(node), *state.out_edges(node)):
+                inner = node.sdfg.arrays.get(edge.dst_conn if edge.dst is node else edge.src_conn)
+                outer = state.sdfg.arrays[edge.data.data] if edge.data.data else None
+                if isinstance(inner, dt.Scalar) and outer is not None and outer.storage == dace.StorageType.GPU_Global:
+                    node.sdfg.arrays[edge.dst_conn if edge.dst is node else edge.src_conn] = _one_element(inner, False)
+
+
+def const_pointer_reads(sdfg: dace.SDFG) -> None:
+    """A tasklet in a kernel that reads an array through a pointer reads it through a const one.
+
+    gap: DaCe declares such a connector a plain pointer (``bool* __data = &input_0[0]``) while the kernel receives
+    the data it only reads as ``const``: BERT's token type lookup (a Gather) did not compile for CUDA ("'const bool
+    *' cannot initialize 'bool *'"). Where a read may touch any element, DaCe declares the pointer const."""
+    for node, state in sdfg.all_nodes_recursive():
+        if not isinstance(node, nodes.Tasklet) or not is_devicelevel_gpu(state.sdfg, state, node):
+            continue
+        for edge in state.in_edges(node):
+            if isinstance(node.in_connectors.get(edge.dst_conn), dace.pointer) and edge.dst_conn not in node.out_connectors:
+                edge.data.dynamic = True
+
+
+def _one_element(desc: dt.Scalar, transient: bool) -> dt.Array:
+    return dt.Array(
+        desc.dtype, [1], transient=transient, storage=dace.StorageType.GPU_Global, lifetime=desc.lifetime
+    )
 
 
 #: threads per block where a kernel gives none: enough warps per block to hide memory latency
