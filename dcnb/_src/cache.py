@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 import dace
 
-from . import fixes
+from . import fixes, gpu_libs
 from .errors import CacheError
 from .version import VERSION
 
@@ -62,9 +62,11 @@ def _constants_digest(sdfg: dace.SDFG) -> str:
 @functools.cache
 def _fixes_digest() -> str:
     """The expansions dcnb registers with DaCe decide the code of library nodes at code generation, after the SDFG
-    was hashed: a change to them must not reuse a binary built with the old ones."""
+    was hashed: a change to them must not reuse a binary built with the old ones (nor to the cuBLAS and cuDNN
+    declarations their CUDA expansions include)."""
     digest = hashlib.sha256()
-    for source in sorted(pathlib.Path(fixes.__file__).parent.glob("*.py")):  # every family and its helpers
+    sources = sorted(pathlib.Path(fixes.__file__).parent.glob("*.py"))  # every family and its helpers
+    for source in [*sources, gpu_libs.HEADER, pathlib.Path(gpu_libs.__file__)]:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -12,9 +12,13 @@ from dace import data as dt
 from dace.autodiff.base_abc import BackwardImplementation
 from dace.libraries.blas.nodes.gemm import Gemm
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
+from dace.properties import ListProperty, Property
 from dace.registry import autoregister_params
+from dace.sdfg import nodes
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
+from dace.transformation.transformation import ExpandTransformation
 
+from .. import gpu_libs
 from .cpp import (
     at,
     cpp_backward,
@@ -23,11 +27,22 @@ from .cpp import (
     expansion_sdfg,
     forward_in,
     forward_out,
+    kept_nested,
     loops,
     offset,
     zero,
 )
-from .registry import default_backward, pure_expansion
+from .library_nodes import (
+    backward_node,
+    concrete,
+    connected,
+    cudnn_type,
+    library_call,
+    loops_on_gpu,
+    packed,
+    shape,
+)
+from .registry import CHOOSE, choice, default_backward, on_gpu_host, pure_expansion
 
 
 def _window(node, x: dt.Data, w: dt.Data) -> tuple[list[int], list[int], list[int]]:
@@ -218,16 +233,12 @@ def _chain(sdfg: dace.SDFG, states: list) -> None:
         sdfg.add_edge(before, after, dace.InterstateEdge())
 
 
-def _conv_gemm_expansion(node, state, sdfg) -> dace.SDFG:
-    x, w = in_desc_with_name(node, state, sdfg, "X"), in_desc_with_name(node, state, sdfg, "W")
-    y = out_desc_with_name(node, state, sdfg, "Y")
-    nsdfg, inputs, _ = expansion_sdfg(node, state, sdfg)
+def _conv_gemm_expansion(nsdfg: dace.SDFG, conv, x: dt.Data, w: dt.Data, y: dt.Data, bias: bool) -> dace.SDFG:
     for name in ("cols", "wmat", "dense"):
         _add_matrix(nsdfg, name, name, w, y)
-    layout = _columns(node, w, y, x, "cols[ci] = X[wi];\n", "cols[ci] = 0;\n")
+    layout = _columns(conv, w, y, x, "cols[ci] = X[wi];\n", "cols[ci] = 0;\n")
     layout += _weights_matrix("W", w, "wmat", True)
-    bias = " + B[oc]" if "B" in inputs else ""
-    output = _dense_matrix("Y", y, "dense", False, bias)
+    output = _dense_matrix("Y", y, "dense", False, " + B[oc]" if bias else "")
     _chain(
         nsdfg,
         [
@@ -239,21 +250,17 @@ def _conv_gemm_expansion(node, state, sdfg) -> dace.SDFG:
     return nsdfg
 
 
-def _conv_gemm_backward(forward_node, context, wanted: list[str]):
-    x, w = forward_in(forward_node, context, "X"), forward_in(forward_node, context, "W")
-    y = forward_out(forward_node, context, "Y")
-    reads = [n for n in ("X", "W") if {"X": "W", "W": "X"}[n] in wanted]
-    node, result = autodiff_utils.add_empty_sdfg_for_node(
-        forward_node, ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)], context
-    )
-    sdfg, states = node.sdfg, []
+def _conv_gemm_backward(sdfg: dace.SDFG, conv, x: dt.Data, w: dt.Data, y: dt.Data, wanted: list[str]) -> None:
+    """The states of a convolution's gradients ``wanted`` as matrix products, added to ``sdfg`` (holding the
+    arrays they read and write)."""
+    states = []
     if "X" in wanted or "W" in wanted:
         _add_matrix(sdfg, "dy", "dense", w, y)
         states.append(cpp_tasklet(sdfg, "dy", ["Y_grad"], ["dy"], _dense_matrix("Y_grad", y, "dy", True)))
     if "W" in wanted:
         _add_matrix(sdfg, "cols", "cols", w, y)
         _add_matrix(sdfg, "dw", "wmat", w, y)
-        im2col = _columns(forward_node, w, y, x, "cols[ci] = X[wi];\n", "cols[ci] = 0;\n")
+        im2col = _columns(conv, w, y, x, "cols[ci] = X[wi];\n", "cols[ci] = 0;\n")
         states.append(cpp_tasklet(sdfg, "im2col", ["X"], ["cols"], im2col))
         states.append(_gemm_state(sdfg, "dy", "cols", "dw", trans_b=True))
         states.append(cpp_tasklet(sdfg, "dw", ["dw"], ["W_grad"], _weights_matrix("W_grad", w, "dw", False)))
@@ -262,12 +269,12 @@ def _conv_gemm_backward(forward_node, context, wanted: list[str]):
         _add_matrix(sdfg, "dcols", "cols", w, y)
         states.append(cpp_tasklet(sdfg, "weights", ["W"], ["wmat"], _weights_matrix("W", w, "wmat", True)))
         states.append(_gemm_state(sdfg, "wmat", "dy", "dcols", trans_a=True))
-        col2im = zero("X_grad", x) + _columns(forward_node, w, y, x, "X_grad[wi] += dcols[ci];\n")
+        col2im = zero("X_grad", x) + _columns(conv, w, y, x, "X_grad[wi] += dcols[ci];\n")
         states.append(cpp_tasklet(sdfg, "col2im", ["dcols"], ["X_grad"], col2im))
     if "B" in wanted:
-        states.append(_bias_gradient_state(sdfg, forward_node, context, y))
+        body = zero("B_grad", sdfg.arrays["B_grad"]) + _bias_gradient(y)
+        states.append(cpp_tasklet(sdfg, "db", ["Y_grad"], ["B_grad"], body))
     _chain(sdfg, states)
-    return node, result
 
 
 def _bias_gradient_state(sdfg: dace.SDFG, forward_node, context, y: dt.Data):
@@ -328,6 +335,13 @@ def _conv_transpose_gemm_backward(forward_node, context, wanted: list[str]):
     return node, result
 
 
+def _windowed(node, x: dt.Data, w: dt.Data) -> dict:
+    """The attributes of a Convolution node for the ONNX Conv ``node``: its window with the leading pads on both
+    sides (what the C++ loops and cuDNN read; the trailing ones only size the output, which is given)."""
+    strides, pads, dilations = _window(node, x, w)
+    return {"strides": strides, "pads": pads + pads, "dilations": dilations, "group": node.group or 1}
+
+
 @pure_expansion("Conv", name="dcnb")
 class ConvExpansion(ONNXForward):
     # gap: DaCe's pure Conv covers 2-D images without dilation only, and takes the output's height bound from its
@@ -339,19 +353,158 @@ class ConvExpansion(ONNXForward):
     @staticmethod
     def forward(node, state, sdfg):
         x, w = in_desc_with_name(node, state, sdfg, "X"), in_desc_with_name(node, state, sdfg, "W")
-        if _uses_gemm(node, x):
-            return _conv_gemm_expansion(node, state, sdfg)
-        y = out_desc_with_name(node, state, sdfg, "Y")
+        names = [n for n in ("X", "W", "B") if n in node.in_connectors]
+        return Convolution(node.label, inputs=set(names), outputs={"Y"}, **_windowed(node, x, w))
+
+
+def _conv_loops_sdfg(conv, state, sdfg) -> dace.SDFG:
+    """A Convolution node's C++ loops (im2col and BLAS products where there is one group), forward or backward."""
+    nsdfg, inputs, outputs = expansion_sdfg(conv, state, sdfg)
+    arrays = nsdfg.arrays
+    x, w = arrays.get("X", arrays.get("X_grad")), arrays.get("W", arrays.get("W_grad"))
+    if "Y" in outputs:
+        y = arrays["Y"]
+        if _uses_gemm(conv, x):
+            return _conv_gemm_expansion(nsdfg, conv, x, w, y, "B" in inputs)
         body = _conv_loops(
-            node,
+            conv,
             x,
             w,
             y,
-            f"double acc = {'B[oc]' if 'B' in node.in_connectors else '0'};\n",
+            f"double acc = {'B[oc]' if 'B' in inputs else '0'};\n",
             f"acc += (double){_element('W', w, ['oc', 'wc'], 'k')} * {_element('X', x, ['b', 'ic'], 'i')};\n",
             f"{_element('Y', y, ['b', 'oc'], 'o')} = acc;\n",
         )
-        return cpp_expansion(node, state, sdfg, body)
+        cpp_tasklet(nsdfg, f"{conv.label}_tasklet", inputs, outputs, body)
+        return nsdfg
+    y = arrays["Y_grad"]
+    wanted = [n.removesuffix("_grad") for n in outputs]
+    if _uses_gemm(conv, x):
+        _conv_gemm_backward(nsdfg, conv, x, w, y, wanted)
+        return nsdfg
+    body = "".join(zero(f"{n}_grad", arrays[f"{n}_grad"]) for n in wanted)
+    per_output = f"const auto dy = {_element('Y_grad', y, ['b', 'oc'], 'o')};\n"
+    inner = ""
+    if "W" in wanted:
+        inner += f"{_element('W_grad', w, ['oc', 'wc'], 'k')} += dy * {_element('X', x, ['b', 'ic'], 'i')};\n"
+    if "X" in wanted:
+        inner += f"{_element('X_grad', x, ['b', 'ic'], 'i')} += dy * {_element('W', w, ['oc', 'wc'], 'k')};\n"
+    if inner:
+        body += _conv_loops(conv, x, w, y, per_output, inner)
+    if "B" in wanted:
+        body += _bias_gradient(y)
+    cpp_tasklet(nsdfg, f"{conv.label}_backward", inputs, outputs, body)
+    return nsdfg
+
+
+def _conv_loops_expansion(conv, state, sdfg) -> dace.SDFG:
+    return loops_on_gpu(conv, state, sdfg, _conv_loops_sdfg(conv, state, sdfg))
+
+
+def _cudnn_applies(conv, state, sdfg) -> bool:
+    """Whether cuDNN computes what the loops do: GPU memory outside kernels, float32 or float64, 1 to 3 spatial
+    dimensions, numbers for shapes and strides, packed weights, x and y of the sizes cuDNN's symmetric padding
+    gives, and no array of one element (which DaCe passes by value)."""
+    if not on_gpu_host(conv, state, sdfg):
+        return False
+    arrays = connected(conv, state, sdfg)
+    descs = list(arrays.values())
+    if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in _GEMM_DTYPES or not all(map(concrete, descs)):
+        return False
+    if any(math.prod(int(n) for n in d.shape) == 1 for d in descs):
+        return False
+    x = [arrays[n] for n in ("X", "X_grad") if n in arrays]
+    w = [arrays[n] for n in ("W", "W_grad") if n in arrays]
+    y = [arrays[n] for n in ("Y", "Y_grad") if n in arrays]
+    if not (x and w and y) or not 3 <= len(x[0].shape) <= 5 or not all(map(packed, w)):
+        return False
+    # one descriptor each for an array and its gradient
+    if any(len({tuple(int(s) for s in d.strides) for d in same}) != 1 for same in (x, w, y)):
+        return False
+    if any(not packed(arrays[n]) for n in ("B", "B_grad") if n in arrays):
+        return False
+    x, w, y = x[0], w[0], y[0]
+    kernel = [int(k) for k in w.shape[2:]]
+    for size, out, k, s, p, d in zip(x.shape[2:], y.shape[2:], kernel, conv.strides, conv.pads, conv.dilations):
+        if (int(size) + 2 * p - d * (k - 1) - 1) // s + 1 != int(out):
+            return False
+    return True
+
+
+def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
+    """cuDNN's convolution forward (with the bias added) or gradients, descriptors and algorithms chosen once when
+    the binary is loaded."""
+    arrays = connected(conv, state, sdfg)
+    x, w = arrays.get("X", arrays.get("X_grad")), arrays.get("W", arrays.get("W_grad"))
+    forward = "Y" in arrays
+    y = arrays["Y" if forward else "Y_grad"]
+    rank = len(x.shape) - 2
+    runs = "f" if forward else "".join(r for n, r in (("X_grad", "d"), ("W_grad", "w"), ("B_grad", "b")) if n in arrays)
+    create = (
+        f"FIELD.create(__state->dcnb_cudnn, {cudnn_type(x)}, {shape(x)}, {shape(w)}, {shape(y)}, "
+        f"dcnb_gpu::Spatial({gpu_libs.dims(conv.pads[:rank])}, 0), "
+        f"dcnb_gpu::Spatial({gpu_libs.dims(conv.strides)}, 1), "
+        f"dcnb_gpu::Spatial({gpu_libs.dims(conv.dilations)}, 1), {conv.group}, \"{runs}\")"
+    )
+    ctype = x.dtype.ctype
+    given = lambda name: name if name in arrays else f"({ctype} *)nullptr"
+    if forward:
+        call = f"FIELD.forward<{ctype}>(__state->dcnb_cudnn, __dace_current_stream, X, W, {given('B')}, Y)"
+    else:
+        grads = ", ".join(given(n) for n in ("X_grad", "W_grad", "B_grad"))
+        call = (
+            f"FIELD.backward<{ctype}>(__state->dcnb_cudnn, __dace_current_stream, Y_grad, {given('X')}, "
+            f"{given('W')}, {grads})"
+        )
+    return library_call(conv, state, sdfg, "conv", "dcnb_gpu::Convolution", create, call)
+
+
+@dace.library.expansion
+class ExpandConvolutionLoops(ExpandTransformation):
+    # gap: DaCe's pure Conv covers 2-D images without dilation only, and computed non-square outputs wrong (see
+    # ConvExpansion): C++ loops over any number of dimensions, im2col and BLAS products for one group
+    environments = []
+    expansion = staticmethod(_conv_loops_expansion)
+    postprocessing = staticmethod(lambda sdfg, state, nested: kept_nested(nested))
+
+
+@dace.library.expansion
+class ExpandConvolutionCudnn(ExpandTransformation):
+    # gap: DaCe's only GPU convolution is ATen's depthwise kernel (backward only, needing PyTorch's CUDA headers);
+    # in CUDA builds the loops ran as one-thread kernels: cuDNN, as eager calls it
+    environments = [gpu_libs.CuDNN]
+    expansion = staticmethod(_cudnn_call)
+
+
+@dace.library.expansion
+class ExpandConvolutionChoice(ExpandTransformation):
+    # gap: which code a convolution gets depends on where the build placed it, known only at code generation
+    environments = []
+    expansion = choice(lambda conv, state, sdfg: "cudnn" if _cudnn_applies(conv, state, sdfg) else "loops")
+
+
+@dace.library.node
+class Convolution(nodes.LibraryNode):
+    """A convolution of one group or more (cross-correlation, as PyTorch's): forward (X, W, B -> Y) or its
+    gradients (Y_grad, X, W -> X_grad, W_grad, B_grad, those asked for); ``pads`` holds the leading pad of each
+    spatial dimension twice (the trailing ones only size the output, which is given)."""
+
+    implementations = {
+        "loops": ExpandConvolutionLoops,
+        "cudnn": ExpandConvolutionCudnn,
+        CHOOSE: ExpandConvolutionChoice,
+    }
+    default_implementation = CHOOSE
+
+    strides = ListProperty(element_type=int, default=[])
+    pads = ListProperty(element_type=int, default=[])
+    dilations = ListProperty(element_type=int, default=[])
+    group = Property(dtype=int, default=1)
+    auto_pad = Property(dtype=str, default="NOTSET", desc="read by the window's helpers: pads are explicit")
+
+    def __init__(self, name, inputs=None, outputs=None, strides=(), pads=(), dilations=(), group=1):
+        super().__init__(name, inputs=inputs or set(), outputs=outputs or set())
+        self.strides, self.pads, self.dilations, self.group = list(strides), list(pads), list(dilations), group
 
 
 @autoregister_params(op="Conv", name="dcnb")
@@ -365,23 +518,13 @@ class ConvBackward(BackwardImplementation):
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
         x, w = forward_in(forward_node, context, "X"), forward_in(forward_node, context, "W")
-        y = forward_out(forward_node, context, "Y")
         wanted = [n for n in ("X", "W", "B") if n in required_gradients]
-        if _uses_gemm(forward_node, x):
-            return _conv_gemm_backward(forward_node, context, wanted)
-        body = "".join(zero(f"{n}_grad", forward_in(forward_node, context, n)) for n in wanted)
-        per_output = f"const auto dy = {_element('Y_grad', y, ['b', 'oc'], 'o')};\n"
-        inner = ""
-        if "W" in wanted:
-            inner += f"{_element('W_grad', w, ['oc', 'wc'], 'k')} += dy * {_element('X', x, ['b', 'ic'], 'i')};\n"
-        if "X" in wanted:
-            inner += f"{_element('X_grad', x, ['b', 'ic'], 'i')} += dy * {_element('W', w, ['oc', 'wc'], 'k')};\n"
-        if inner:
-            body += _conv_loops(forward_node, x, w, y, per_output, inner)
-        if "B" in wanted:
-            body += _bias_gradient(y)
         reads = [n for n in ("X", "W") if {"X": "W", "W": "X"}[n] in wanted]
-        return cpp_backward(forward_node, context, ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)], body)
+        grads = [f"{n}_grad" for n in wanted]
+        node, result = autodiff_utils.add_empty_sdfg_for_node(forward_node, ["Y_grad", *reads, *grads], context)
+        conv = Convolution(f"{forward_node.label}_backward", **_windowed(forward_node, x, w))
+        backward_node(node, conv, ["Y_grad", *reads], grads)
+        return node, result
 
 
 default_backward("Conv")

@@ -97,21 +97,28 @@ def kept_nested(nested: nodes.Node) -> None:
         nested.no_inline = True
 
 
-def expansion_sdfg(node: ONNXOp, state, sdfg) -> tuple[dace.SDFG, list[str], list[str]]:
-    """An empty SDFG for the expansion of ``node``, with its connectors' arrays named as the connectors, and the
-    names of its inputs and outputs."""
+def expansion_sdfg(node: nodes.LibraryNode, state, sdfg) -> tuple[dace.SDFG, list[str], list[str]]:
+    """An empty SDFG for the expansion of ``node`` (an ONNX op or a library node of dcnb's), with its connectors'
+    arrays named as the connectors, and the names of its inputs and outputs."""
     nsdfg = dace.SDFG(f"{node.label}_expansion")
     inputs, outputs = [], []
-    for edge, is_input in node.iter_edges(state):
+    edges = (
+        node.iter_edges(state)
+        if isinstance(node, ONNXOp)
+        else [*((e, True) for e in state.in_edges(node)), *((e, False) for e in state.out_edges(node))]
+    )
+    for edge, is_input in edges:
         name = edge.dst_conn if is_input else edge.src_conn
         desc = copy.deepcopy(sdfg.arrays[edge.data.data])
+        if isinstance(desc, dt.View):  # (a library node expanded at code generation may sit on a view)
+            desc = desc.as_array()
         desc.transient = False
         nsdfg.add_datadesc(name, desc)
         (inputs if is_input else outputs).append(name)
     return nsdfg, inputs, outputs
 
 
-def cpp_expansion(node: ONNXOp, state, sdfg, body: str) -> dace.SDFG:
+def cpp_expansion(node: nodes.LibraryNode, state, sdfg, body: str) -> dace.SDFG:
     """The expansion of ``node`` into ``body`` (C++) over its connectors' arrays, named as the connectors."""
     nsdfg, inputs, outputs = expansion_sdfg(node, state, sdfg)
     cpp_tasklet(nsdfg, f"{node.label}_tasklet", inputs, outputs, body)

@@ -15,6 +15,7 @@ from dace.libraries.blas.nodes.batched_matmul import (
 from dace.libraries.blas.nodes.dot import Dot
 from dace.libraries.blas.nodes.gemm import ExpandGemmOpenBLAS, Gemm
 from dace.libraries.blas.nodes.gemv import Gemv
+from dace.libraries.blas.nodes.matmul import _get_codegen_gemm_opts, _get_matmul_operands
 from dace.libraries.linalg.nodes.transpose import Transpose
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op_registry import ONNXEinsum
@@ -23,9 +24,9 @@ from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.transformation import ExpandTransformation
 
-from .. import blas
+from .. import blas, gpu_libs
 from .array_ops import broadcast_index
-from .registry import CHOOSE, choice, default_backward, on_cpu, pure_expansion
+from .registry import CHOOSE, choice, default_backward, on_cpu, on_gpu_host, pure_expansion
 
 
 @autoregister_params(op="Einsum", name="dcnb")
@@ -172,8 +173,11 @@ _BLAS_DTYPES = (dace.float32, dace.float64)
 
 def _blas_applies(node, state, sdfg, expansion: type[ExpandTransformation]) -> bool:
     """Whether ``node`` runs on the CPU, in float32 or float64, in a layout DaCe's cblas call takes."""
-    if not on_cpu(node, state, sdfg):
-        return False
+    return on_cpu(node, state, sdfg) and _fits(node, state, sdfg, expansion)
+
+
+def _fits(node, state, sdfg, expansion: type[ExpandTransformation]) -> bool:
+    """Whether ``node`` is in float32 or float64, in a layout ``expansion`` (a column-major GEMM call) takes."""
     descs = [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
     if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in _BLAS_DTYPES:
         return False
@@ -189,10 +193,12 @@ def _blas_applies(node, state, sdfg, expansion: type[ExpandTransformation]) -> b
 
 
 def _choose(cblas_expansion: type[ExpandTransformation], unchecked: str | None = None):
-    """The BLAS where it applies, else DaCe's loops; ``unchecked``, where given, names loops for a node DaCe's own
-    validation refuses wrongly."""
+    """cuBLAS for a node in GPU memory outside kernels, the BLAS for one on the CPU, where either applies, else
+    DaCe's loops; ``unchecked``, where given, names loops for a node DaCe's own validation refuses wrongly."""
 
     def pick(node, state, sdfg) -> str:
+        if on_gpu_host(node, state, sdfg) and _fits(node, state, sdfg, CUBLAS_EXPANSIONS[type(node)]):
+            return CUBLAS
         found = blas.chosen()
         if found is not None and _blas_applies(node, state, sdfg, cblas_expansion):
             return IMPLEMENTATIONS[found.name]
@@ -204,6 +210,58 @@ def _choose(cblas_expansion: type[ExpandTransformation], unchecked: str | None =
         return "pure"
 
     return choice(pick)
+
+
+#: the implementation calling cuBLAS, registered on Gemm and BatchedMatMul
+CUBLAS = "dcnb_cublas"
+
+
+def _cublas_call(node, state, sdfg) -> dace.sdfg.nodes.Tasklet:
+    """A host tasklet calling cuBLAS for ``node`` on the stream of the binary's kernels: a GEMM, or one strided
+    batched GEMM where the node multiplies batches (DaCe's column-major view of the row-major operands, as its cblas
+    calls take them, is cuBLAS's own convention)."""
+    node.validate(sdfg, state)
+    (_, adesc, *_), (_, bdesc, *_), _ = _get_matmul_operands(node, state, sdfg)
+    cdesc = sdfg.arrays[state.out_edges(node)[0].data.data]
+    if any(d.storage != dace.StorageType.GPU_Global for d in (adesc, bdesc, cdesc)):
+        raise ValueError(f"{node.label}: cuBLAS reads GPU memory only")
+    # BatchedMatMul has no alpha or beta: its product is written, as DaCe's cblas expansion writes it
+    alpha, beta = (node.alpha, node.beta) if isinstance(node, Gemm) else (1, 0)
+    ctype = cdesc.dtype.ctype
+    opt = _get_codegen_gemm_opts(
+        node, state, sdfg, adesc, bdesc, cdesc, f"({ctype}){float(alpha)!r}", f"({ctype}){float(beta)!r}", ctype, ""
+    )
+    head = "__state->dcnb_cublas.handle, CUBLAS_OP_{ta}, CUBLAS_OP_{tb}, {M}, {N}, {K}, {alpha}".format_map(opt)
+    if opt["BATCH"] is None:
+        call = f"dcnb_gpu::gemm({head}, {{x}}, {{lda}}, {{y}}, {{ldb}}, {{beta}}, _c, {{ldc}})".format_map(opt)
+    else:
+        call = (
+            f"dcnb_gpu::gemm_batched({head}, {{x}}, {{lda}}, {{stride_a}}, {{y}}, {{ldb}}, {{stride_b}}, {{beta}}, "
+            "_c, {ldc}, {stride_c}, {BATCH})"
+        ).format_map(opt)
+    code = f"if (!__state->dcnb_cublas.on(__dace_current_stream) || {call} != 0) {{\n{gpu_libs.FAILED}\n}}"
+    return dace.sdfg.nodes.Tasklet(
+        node.name, node.in_connectors, node.out_connectors, code, language=dace.dtypes.Language.CPP
+    )
+
+
+@dace.library.expansion
+class ExpandGemmCublas(ExpandTransformation):
+    # gap: DaCe's cuBLAS expansion needs cublas_v2.h and -lcublas when the binary is built (absent where dcnb builds
+    # for CUDA without a GPU): products in GPU memory ran as DaCe's loop kernels; they call PyTorch's cuBLAS now
+    environments = [gpu_libs.CuBLAS]
+    expansion = staticmethod(_cublas_call)
+
+
+@dace.library.expansion
+class ExpandBatchedMatMulCublas(ExpandTransformation):
+    # gap: as Gemm's, one strided batched GEMM per node
+    environments = [gpu_libs.CuBLAS]
+    expansion = staticmethod(_cublas_call)
+
+
+#: the cuBLAS expansion of each node type dcnb chooses for
+CUBLAS_EXPANSIONS = {Gemm: ExpandGemmCublas, BatchedMatMul: ExpandBatchedMatMulCublas}
 
 
 @dace.library.expansion
@@ -246,6 +304,7 @@ for _node, _choose_cls, _cblas in (
     (BatchedMatMul, ExpandBatchedMatMulDcnb, ExpandBatchedMatMulOpenBLAS),
 ):
     _node.register_implementation(CHOOSE, _choose_cls)
+    _node.register_implementation(CUBLAS, CUBLAS_EXPANSIONS[_node])
     for _name, _implementation in IMPLEMENTATIONS.items():
         _node.register_implementation(_implementation, _linked(_cblas, _name))
     _node.default_implementation = CHOOSE

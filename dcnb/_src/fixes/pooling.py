@@ -3,23 +3,38 @@ and backward), as C++ loops over the windows."""
 
 from __future__ import annotations
 
+import math
+
+import dace
+import dace.autodiff.utils as autodiff_utils
 from dace import data as dt
 from dace.autodiff.base_abc import BackwardImplementation
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
+from dace.properties import ListProperty, Property
 from dace.registry import autoregister_params
-from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
+from dace.sdfg import nodes
+from dace.sdfg.utils import in_desc_with_name
+from dace.transformation.transformation import ExpandTransformation
 
+from .. import gpu_libs
 from .cpp import (
     at,
-    cpp_backward,
     cpp_expansion,
-    forward_in,
-    forward_out,
+    kept_nested,
     loops,
     offset,
     zero,
 )
-from .registry import default_backward, pure_expansion
+from .library_nodes import (
+    backward_node,
+    concrete,
+    connected,
+    cudnn_type,
+    library_call,
+    loops_on_gpu,
+    shape,
+)
+from .registry import CHOOSE, choice, default_backward, on_gpu_host, pure_expansion
 
 
 def _pool_window(node, x: dt.Data) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -78,9 +93,7 @@ class AveragePoolExpansion(ONNXForward):
 
     @staticmethod
     def forward(node, state, sdfg):
-        x, y = in_desc_with_name(node, state, sdfg, "X"), out_desc_with_name(node, state, sdfg, "Y")
-        body = zero("Y", y) + _average_pool_loops(node, x, y, "Y[yi] += X[xi] / count;\n")
-        return cpp_expansion(node, state, sdfg, body)
+        return Pooling(node.label, inputs={"X"}, outputs={"Y"}, **_attributes(node, "average"))
 
 
 @autoregister_params(op="AveragePool", name="dcnb")
@@ -92,9 +105,7 @@ class AveragePoolBackward(BackwardImplementation):
 
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
-        x, y = forward_in(forward_node, context, "X"), forward_out(forward_node, context, "Y")
-        body = zero("X_grad", x) + _average_pool_loops(forward_node, x, y, "X_grad[xi] += Y_grad[yi] / count;\n")
-        return cpp_backward(forward_node, context, ["Y_grad", "X_grad"], body)
+        return _pooling_backward(forward_node, context, "average", ["Y_grad"])
 
 
 default_backward("AveragePool")
@@ -143,12 +154,7 @@ class MaxPoolExpansion(ONNXForward):
 
     @staticmethod
     def forward(node, state, sdfg):
-        x, y = in_desc_with_name(node, state, sdfg, "X"), out_desc_with_name(node, state, sdfg, "Y")
-        y_at = at("Y", y, ["b", "c", *_spatial("o", len(y.shape) - 2)])
-        # the element read before choosing with it (fixes/cpp.py: GCC's masked loads)
-        pick = f"const auto v = X[best >= 0 ? best : 0];\n{y_at} = best >= 0 ? v : -INFINITY;\n"
-        body = _argmax_loops(node, x, y, pick)
-        return cpp_expansion(node, state, sdfg, body)
+        return Pooling(node.label, inputs={"X"}, outputs={"Y"}, **_attributes(node, "max"))
 
 
 @autoregister_params(op="MaxPool", name="dcnb")
@@ -161,10 +167,149 @@ class MaxPoolBackward(BackwardImplementation):
 
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
-        x, y = forward_in(forward_node, context, "X"), forward_out(forward_node, context, "Y")
+        return _pooling_backward(forward_node, context, "max", ["X", "Y_grad"])
+
+
+def _attributes(node, mode: str) -> dict:
+    """A Pooling node's attributes for the ONNX pooling op ``node``."""
+    rank = len(node.kernel_shape)
+    return {
+        "mode": mode,
+        "kernel_shape": list(node.kernel_shape),
+        "strides": list(node.strides) if node.strides else [1] * rank,
+        "pads": list(node.pads) if node.pads else [0] * (2 * rank),
+        "dilations": list(getattr(node, "dilations", None) or [1] * rank),
+        "count_include_pad": bool(getattr(node, "count_include_pad", 0)),
+    }
+
+
+def _pooling_backward(forward_node, context, mode: str, reads: list[str]):
+    node, result = autodiff_utils.add_empty_sdfg_for_node(forward_node, [*reads, "X_grad"], context)
+    pooling = Pooling(f"{forward_node.label}_backward", **_attributes(forward_node, mode))
+    backward_node(node, pooling, reads, ["X_grad"])
+    return node, result
+
+
+def _pooling_loops(pooling, state, sdfg) -> dace.SDFG:
+    """A Pooling node's C++ loops over the windows, forward or backward."""
+    arrays = connected(pooling, state, sdfg)
+    if "Y" in arrays:
+        x, y = arrays["X"], arrays["Y"]
+        if pooling.mode == "average":
+            body = zero("Y", y) + _average_pool_loops(pooling, x, y, "Y[yi] += X[xi] / count;\n")
+        else:
+            y_at = at("Y", y, ["b", "c", *_spatial("o", len(y.shape) - 2)])
+            # the element read before choosing with it (fixes/cpp.py: GCC's masked loads)
+            pick = f"const auto v = X[best >= 0 ? best : 0];\n{y_at} = best >= 0 ? v : -INFINITY;\n"
+            body = _argmax_loops(pooling, x, y, pick)
+        return loops_on_gpu(pooling, state, sdfg, cpp_expansion(pooling, state, sdfg, body))
+    x, y = arrays["X_grad"], arrays["Y_grad"]
+    if pooling.mode == "average":
+        body = zero("X_grad", x) + _average_pool_loops(pooling, x, y, "X_grad[xi] += Y_grad[yi] / count;\n")
+    else:
         dy = at("Y_grad", y, ["b", "c", *_spatial("o", len(y.shape) - 2)])
-        body = zero("X_grad", x) + _argmax_loops(forward_node, x, y, f"if (best >= 0) X_grad[best] += {dy};\n")
-        return cpp_backward(forward_node, context, ["X", "Y_grad", "X_grad"], body)
+        body = zero("X_grad", x) + _argmax_loops(pooling, arrays["X"], y, f"if (best >= 0) X_grad[best] += {dy};\n")
+    return loops_on_gpu(pooling, state, sdfg, cpp_expansion(pooling, state, sdfg, body))
+
+
+def _cudnn_applies(pooling, state, sdfg) -> bool:
+    """Whether cuDNN's pooling computes what the loops do: GPU memory outside kernels, float32 or float64, 1 to 3
+    spatial dimensions, numbers for shapes and strides, no dilation, the same pad on both sides of each dimension,
+    as many windows as cuDNN's floor division gives (ceil_mode's extra windows, clipped, are the loops'), and no
+    array of one element (which DaCe passes by value)."""
+    if not on_gpu_host(pooling, state, sdfg):
+        return False
+    arrays = connected(pooling, state, sdfg)
+    descs = list(arrays.values())
+    if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in (dace.float32, dace.float64):
+        return False
+    if not all(map(concrete, descs)) or any(math.prod(int(n) for n in d.shape) == 1 for d in descs):
+        return False
+    x = [arrays[n] for n in ("X", "X_grad") if n in arrays]
+    y = [arrays[n] for n in ("Y", "Y_grad") if n in arrays]
+    if not 3 <= len(x[0].shape) <= 5 or any(len({tuple(map(int, d.strides)) for d in same}) != 1 for same in (x, y)):
+        return False
+    rank = len(pooling.kernel_shape)
+    if any(d != 1 for d in pooling.dilations) or pooling.pads[:rank] != pooling.pads[rank:]:
+        return False
+    sizes = zip(x[0].shape[2:], y[0].shape[2:], pooling.kernel_shape, pooling.strides, pooling.pads)
+    return all((int(n) + 2 * p - k) // s + 1 == int(out) for n, out, k, s, p in sizes)
+
+
+def _cudnn_call(pooling, state, sdfg) -> nodes.Tasklet:
+    """cuDNN's pooling forward, or its gradient (a max pooling's output recomputed for it, into memory allocated
+    once when the binary is loaded), descriptors made then."""
+    arrays = connected(pooling, state, sdfg)
+    forward = "Y" in arrays
+    x, y = arrays["X" if forward else "X_grad"], arrays["Y" if forward else "Y_grad"]
+    rank = len(pooling.kernel_shape)
+    if pooling.mode == "max":
+        mode = "CUDNN_POOLING_MAX_DETERMINISTIC"  # one element of a window gets its gradient, as in PyTorch
+    elif pooling.count_include_pad:
+        mode = "CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING"
+    else:
+        mode = "CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING"
+    recomputed = 0 if forward or pooling.mode != "max" else math.prod(int(n) for n in y.shape) * y.dtype.bytes
+    create = (
+        f"FIELD.create({cudnn_type(x)}, {shape(x)}, {shape(y)}, {mode}, "
+        f"dcnb_gpu::Spatial({gpu_libs.dims(pooling.kernel_shape)}, 1), "
+        f"dcnb_gpu::Spatial({gpu_libs.dims(pooling.pads[:rank])}, 0), "
+        f"dcnb_gpu::Spatial({gpu_libs.dims(pooling.strides)}, 1), {recomputed})"
+    )
+    ctype = x.dtype.ctype
+    if forward:
+        call = f"FIELD.forward<{ctype}>(__state->dcnb_cudnn, __dace_current_stream, X, Y)"
+    else:
+        source = "X" if pooling.mode == "max" else f"({ctype} *)nullptr"
+        call = f"FIELD.backward<{ctype}>(__state->dcnb_cudnn, __dace_current_stream, Y_grad, {source}, X_grad)"
+    return library_call(pooling, state, sdfg, "pool", "dcnb_gpu::Pooling", create, call)
+
+
+@dace.library.expansion
+class ExpandPoolingLoops(ExpandTransformation):
+    # gap: DaCe has no AveragePool and a MaxPool of 2-D images without dilation or ceil_mode (see the ONNX ops'
+    # expansions above): C++ loops over the windows, any number of dimensions
+    environments = []
+    expansion = staticmethod(_pooling_loops)
+    postprocessing = staticmethod(lambda sdfg, state, nested: kept_nested(nested))
+
+
+@dace.library.expansion
+class ExpandPoolingCudnn(ExpandTransformation):
+    # gap: in CUDA builds the loops ran as one-thread kernels: cuDNN's pooling where its semantics are PyTorch's
+    environments = [gpu_libs.CuDNN]
+    expansion = staticmethod(_cudnn_call)
+
+
+@dace.library.expansion
+class ExpandPoolingChoice(ExpandTransformation):
+    # gap: which code a pooling gets depends on where the build placed it, known only at code generation
+    environments = []
+    expansion = choice(lambda pooling, state, sdfg: "cudnn" if _cudnn_applies(pooling, state, sdfg) else "loops")
+
+
+@dace.library.node
+class Pooling(nodes.LibraryNode):
+    """Max or average pooling, forward (X -> Y) or its gradient (X for a max pooling, Y_grad -> X_grad); the
+    attributes are the ONNX op's (``pads``: leading ones, then trailing ones)."""
+
+    implementations = {"loops": ExpandPoolingLoops, "cudnn": ExpandPoolingCudnn, CHOOSE: ExpandPoolingChoice}
+    default_implementation = CHOOSE
+
+    mode = Property(dtype=str, default="max", choices=["max", "average"])
+    kernel_shape = ListProperty(element_type=int, default=[])
+    strides = ListProperty(element_type=int, default=[])
+    pads = ListProperty(element_type=int, default=[])
+    dilations = ListProperty(element_type=int, default=[])
+    count_include_pad = Property(dtype=bool, default=False)
+
+    def __init__(self, name, inputs=None, outputs=None, mode="max", kernel_shape=(), strides=(), pads=(),
+                 dilations=(), count_include_pad=False):
+        super().__init__(name, inputs=inputs or set(), outputs=outputs or set())
+        self.mode, self.count_include_pad = mode, count_include_pad
+        self.kernel_shape, self.strides, self.pads, self.dilations = (
+            list(kernel_shape), list(strides), list(pads), list(dilations)
+        )
 
 
 default_backward("MaxPool")

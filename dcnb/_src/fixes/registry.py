@@ -96,3 +96,12 @@ def on_cpu(node, state, sdfg) -> bool:
         return False
     descs = [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
     return all(dace.dtypes.can_access(dace.ScheduleType.CPU_Multicore, d.storage) for d in descs)
+
+
+def on_gpu_host(node, state, sdfg) -> bool:
+    """Whether ``node`` is called from the host (outside kernels) over GPU memory only: where a CUDA build calls a
+    GPU library (cuBLAS, cuDNN) for it, on the stream its kernels run on."""
+    if is_devicelevel_gpu(sdfg, state, node):
+        return False
+    descs = [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
+    return bool(descs) and all(d.storage == dace.StorageType.GPU_Global for d in descs)

@@ -1,0 +1,115 @@
+"""CUDA builds call cuBLAS and cuDNN for matrix products, convolutions and pooling (dcnb/_src/gpu_libs.py, the
+GPU implementations in fixes/linalg.py, fixes/conv.py and fixes/pooling.py), built here without a GPU or the
+libraries' headers.
+
+Without them, the products ran as DaCe's loop kernels and convolutions and pooling as C++ loops in one-thread
+kernels. The generated code is read: the calls are there, the loops are not, and nvcc compiled it. Whether the
+results are right needs a GPU (tests/gpu/test_gpu_libs.py, make gpu).
+"""
+
+import pathlib
+
+import pytest
+import torch
+from dace.config import Config, temporary_config
+from torch import nn
+
+import dcnb
+from dcnb._src import build
+from tests.compile.test_blas import _Batched
+from tests.models import TinyMLP
+
+pytestmark = [pytest.mark.compile, pytest.mark.cuda]
+
+ARCHES = ["90", "80"]
+
+
+def _sources(session: dcnb.Session, arch: str) -> list[tuple[str, str]]:
+    """(host code, CUDA code) of the session's forward and backward, built by nvcc for ``arch``."""
+    sdfgs = session._states[-1].sdfgs
+    with temporary_config():
+        Config.set("compiler", "cuda", "cuda_arch", value=arch)
+        built = build.build([sdfgs.forward, sdfgs.backward], "cuda")
+    sources = []
+    for binary in built.binaries:
+        src = pathlib.Path(binary._lib._library_filename).parents[1] / "src"
+        read = lambda folder: "".join(f.read_text() for f in sorted((src / folder).glob("*.c*")))
+        sources.append((read("cpu"), read("cuda")))
+    return sources
+
+
+def _session(module: nn.Module, *inputs: torch.Tensor) -> dcnb.Session:
+    session = dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    return session
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_linear_layers_call_cublas(arch):
+    session = _session(TinyMLP(), torch.randn(8, 16))
+    (forward, forward_cuda), (backward, backward_cuda) = _sources(session, arch)
+    assert forward.count("dcnb_gpu::gemm(") == 2 and backward.count("dcnb_gpu::gemm(") == 4
+    for host, cuda in ((forward, forward_cuda), (backward, backward_cuda)):
+        # on the stream of the binary's kernels, one handle per loaded binary
+        assert "__state->dcnb_cublas.on(__dace_current_stream)" in host
+        assert "__state->dcnb_cublas.create()" in host and "__state->dcnb_cublas.destroy()" in host
+        assert "gemm_init" not in cuda and "gemm_map" not in cuda  # none of DaCe's loops
+        assert "cublas_v2.h" not in host + cuda and '#include "gpu_libs.h"' in host
+
+
+def test_batched_products_call_cublas():
+    torch.manual_seed(0)
+    session = _session(_Batched(), torch.randn(2, 5, 4))
+    for host, cuda in _sources(session, "90"):
+        assert "dcnb_gpu::gemm_batched(" in host
+        assert "_BatchedMatMult_" not in cuda and "gemm_map" not in cuda
+
+
+class _Convolutions(nn.Module):
+    """A convolution of one group (stride 2, padding, bias), a depthwise one, and a 1-d one with dilation."""
+
+    def __init__(self):
+        super().__init__()
+        self.full = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.wide = nn.Conv1d(8, 4, 3, padding=2, dilation=2, bias=False)
+
+    def forward(self, x):
+        y = torch.tanh(self.depthwise(self.full(x)))
+        return self.wide(y.flatten(2))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_convolutions_call_cudnn(arch):
+    session = _session(_Convolutions(), torch.randn(2, 3, 16, 16))
+    (forward, forward_cuda), (backward, backward_cuda) = _sources(session, arch)
+    assert forward.count("dcnb_gpu::Convolution ") == 3  # a state field each
+    assert forward.count(".forward<float>(__state->dcnb_cudnn, __dace_current_stream") == 3
+    assert backward.count(".backward<float>(__state->dcnb_cudnn, __dace_current_stream") == 3
+    # the groups, and the directions each node runs (its algorithms chosen when the binary is loaded)
+    assert ', 8, "dwb")' in backward and ', 1, "dwb")' in backward and ', 1, "dw")' in backward
+    assert "__state->dcnb_cudnn.create()" in forward
+    for host, cuda in ((forward, forward_cuda), (backward, backward_cuda)):
+        assert "im2col" not in host + cuda and "acc +=" not in cuda  # none of the C++ loops
+        assert "cudnn.h" not in host + cuda
+
+
+class _Pools(nn.Module):
+    def forward(self, x):
+        a = nn.functional.max_pool2d(x, 2)
+        b = nn.functional.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False)
+        c = nn.functional.avg_pool2d(x, 3, stride=2, padding=1)
+        d = nn.functional.max_pool2d(x, 3, stride=2, ceil_mode=True)  # a clipped last window: the loops
+        return a.sum() + b.sum() + c.sum() + d.sum()
+
+
+def test_pooling_calls_cudnn_where_it_computes_what_pytorch_does():
+    session = _session(_Pools(), torch.randn(2, 3, 8, 8))
+    (forward, forward_cuda), (backward, backward_cuda) = _sources(session, "90")
+    for host in (forward, backward):
+        assert "CUDNN_POOLING_MAX_DETERMINISTIC" in host
+        assert "CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING" in host
+        assert "CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING" in host
+    assert forward.count("dcnb_gpu::Pooling ") == 3 and backward.count("dcnb_gpu::Pooling ") == 3
+    # ceil_mode's max pooling stays the C++ loops, forward and backward
+    assert "best = -1" in forward_cuda and "best = -1" in backward_cuda
