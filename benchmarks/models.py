@@ -13,7 +13,8 @@ gives 2 cores enough work for the ratios to mean something). Each model runs in 
 crash in generated code costs one row, not the table. A model's best recipe is the file's steps where that file
 exists and every step of it is offered on the device, else the fastest of the naive step and the recipes in SEARCHED
 offered there; ``--save-recipes`` writes that one out. ``--warm N`` first makes every model's steps in N processes at
-once, untimed, so that the timed run that follows (one model at a time) finds its builds in the cache.
+once, untimed, so that the timed run that follows (one model at a time) finds its builds in the cache;
+``--build-only`` stops after that.
 """
 
 from __future__ import annotations
@@ -97,13 +98,16 @@ def _offered(recipe: list[dict[str, Any]], device: str) -> bool:
     return all(device in actions.get(step["name"]).devices for step in recipe)
 
 
-def measure(name: str, batch: int, budget: float, save: bool, device: str = "cpu", warm: bool = False) -> dict[str, Any]:
+def measure(
+    name: str, batch: int, budget: float, save: bool, device: str = "cpu", warm: bool = False,
+    baselines: tuple[str, ...] = BASELINES,
+) -> dict[str, Any]:
     """One row: the naive step, auto_optimize from it and the best recipe, each timed against the baselines (none
     where ``warm``: the steps are only made, for the cache)."""
     import dcnb
 
     module, inputs, kwargs = _build(name, batch)
-    options = {"kwargs": kwargs, "baselines": () if warm else BASELINES, "time_budget": budget, "device": device}
+    options = {"kwargs": kwargs, "baselines": () if warm else baselines, "time_budget": budget, "device": device}
     row: dict[str, Any] = {"model": name, "batch": inputs[0].shape[0], "device": device}
 
     start = time.perf_counter()
@@ -160,12 +164,15 @@ def measure(name: str, batch: int, budget: float, save: bool, device: str = "cpu
 
 def _child(args: argparse.Namespace) -> None:
     warnings.simplefilter("ignore")
-    row = measure(args.child, args.batch, args.budget, args.save_recipes, args.device, warm=bool(args.warm))
+    row = measure(
+        args.child, args.batch, args.budget, args.save_recipes, args.device, bool(args.warm), tuple(args.baselines)
+    )
     print("MODEL " + json.dumps(row), flush=True)
 
 
 def _command(name: str, args: argparse.Namespace, warm: bool) -> list[str]:
     command = [sys.executable, __file__, "--child", name, "--batch", str(args.batch), "--device", args.device]
+    command += ["--baselines", *args.baselines]
     command += ["--budget", "0", "--warm", "1"] if warm else ["--budget", str(args.budget)]
     if args.save_recipes and not warm:
         command.append("--save-recipes")
@@ -232,7 +239,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of interleaved timing per step")
     parser.add_argument("--save-recipes", action="store_true", help="keep each model's best step as its recipe file")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--baselines", nargs="+", choices=BASELINES, default=list(BASELINES), help="what dcnb is timed against")
     parser.add_argument("--warm", type=int, default=0, metavar="N", help="first make every step untimed, N at a time")
+    parser.add_argument("--build-only", action="store_true", help="with --warm: only make the steps, time nothing")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -248,6 +257,8 @@ def main() -> None:
     names = [name for name in names if not args.only or name in args.only]
     if args.warm:
         _warm(names, args)
+        if args.build_only:
+            return
     rows = []
     for name in names:
         row = _run(name, args)

@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT_DIR=${GPU_OUT:-out/gpu}
-JOBS=${GPU_JOBS:-8}
+JOBS=${GPU_JOBS:-$(nproc)}
 mkdir -p "$OUT_DIR"
 : >"$OUT_DIR/benchmarks.jsonl"
 
@@ -31,8 +31,9 @@ print(json.dumps({'figure': 'machine', 'gpu': torch.cuda.get_device_name(), 'tor
                   'cuda': torch.version.cuda, 'dace': dace.__version__, 'numpy': numpy.__version__}))
 " | tee -a "$OUT_DIR/benchmarks.jsonl"
 
-status=0
-# a part's JSON lines go to benchmarks.jsonl; a part that fails marks the run failed and the next one still runs
+FAILED="$OUT_DIR/failed"
+: >"$FAILED"
+# a part's JSON lines go to benchmarks.jsonl; a part that fails is named in $FAILED and the next one still runs
 part() {
     local name=$1
     shift
@@ -41,19 +42,19 @@ part() {
     "$@" 2>>"$OUT_DIR/$name.err" | tee -a "$OUT_DIR/benchmarks.jsonl"
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc in $((SECONDS - start)) s" >&2
-    [ "$rc" = 0 ] || { status=1; tail -n 30 "$OUT_DIR/$name.err" >&2; }
+    [ "$rc" = 0 ] || { echo "$name" >>"$FAILED"; tail -n 30 "$OUT_DIR/$name.err" >&2; }
 }
 
-# pytest over tests/gpu, builds in parallel: one JSON line of counts
+# pytest over tests/gpu with N builds at a time: one JSON line of counts
 tests() {
-    local name=$1
-    shift
+    local name=$1 jobs=$2
+    shift 2
     echo "== $name" >&2
     local start=$SECONDS
-    "$PY" -m pytest --gpu tests/gpu -q -p no:cacheprovider -n "$JOBS" --junitxml="$OUT_DIR/$name.xml" "$@" >"$OUT_DIR/$name.log" 2>&1
+    "$PY" -m pytest --gpu tests/gpu -q -p no:cacheprovider -n "$jobs" --junitxml="$OUT_DIR/$name.xml" "$@" >"$OUT_DIR/$name.log" 2>&1
     local rc=$?
     tail -n 40 "$OUT_DIR/$name.log" >&2
-    [ "$rc" = 0 ] || status=1
+    [ "$rc" = 0 ] || echo "$name" >>"$FAILED"
     "$PY" -c "
 import json, sys, xml.etree.ElementTree as ET
 s = ET.parse(sys.argv[1]).getroot().find('testsuite')
@@ -63,19 +64,25 @@ print(json.dumps({'figure': sys.argv[2], 'tests': int(s.get('tests')), 'failures
 }
 
 export DCNB_NATIVE_CUDA=1
-# the C++ call path against eager, a side stream, CUDA graphs replayed
-tests tests_path -k "not zoo"
-# Mish 8x32x224x224 forward+backward (the C++ path with graphs, without them, the Python path) and the norms, each
-# one interleaved run against eager, torch.compile and torch.jit
+# first what builds and checks, side by side on the machine's cores: the C++ call path against eager (a side
+# stream, CUDA graphs replayed, cuBLAS and cuDNN), the model zoo on CUDA in eval and training mode, and the Hugging
+# Face models' steps made for the timed run below
+tests tests_path $((JOBS / 3)) -k "not zoo" &
+tests tests_zoo $((JOBS / 2)) -k zoo &
+part models_build "$PY" benchmarks/models.py --device cuda --warm $((JOBS / 2)) --build-only &
+wait
+# then what is timed, one at a time on a quiet machine: Mish 8x32x224x224 forward+backward and the norms, each one
+# interleaved run against eager, torch.compile and torch.jit (the C++ path replaying CUDA graphs), the models'
+# naive and best steps against eager, then what the C++ path and the graphs buy (Mish from Python, and from C++
+# without graphs)
 MISH=(benchmarks/mish.py --device cuda --json --jit --budget 10 --recipe map_fusion,tasklet_fusion,simplify_algebra)
 part mish "$PY" "${MISH[@]}"
-part mish_no_graphs env DCNB_CUDA_GRAPHS=0 "$PY" "${MISH[@]}"
-part mish_python env DCNB_NATIVE=0 "$PY" "${MISH[@]}"
 part norms "$PY" benchmarks/norms.py --device cuda --json --budget 5
-# the model zoo on CUDA, eval and training mode
-tests tests_zoo -k zoo
-# the Hugging Face models' naive and best steps on CUDA: built in parallel first, then timed one at a time
-part models "$PY" benchmarks/models.py --device cuda --json --warm "$JOBS" --budget 2
+part models "$PY" benchmarks/models.py --device cuda --json --budget 1 --baselines torch
+part mish_python env DCNB_NATIVE=0 "$PY" "${MISH[@]}"
+part mish_no_graphs env DCNB_CUDA_GRAPHS=0 "$PY" "${MISH[@]}"
 
+status=0
+[ -s "$FAILED" ] && status=1
 echo "make gpu: $([ $status = 0 ] && echo passed || echo FAILED); figures in $OUT_DIR/benchmarks.jsonl" >&2
 exit $status
