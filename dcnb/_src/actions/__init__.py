@@ -360,14 +360,13 @@ register(
 def _auto_optimize(sdfg: dace.SDFG, where: Where, options: dict, device: str) -> int:
     check(where is None, "auto_optimize acts on the whole SDFG and cannot be restricted to nodes")
     expand_onnx_nodes(sdfg)
-    if device == "cuda":
-        auto_optimize.run(sdfg, dace.DeviceType.GPU)
-    else:
-        # gap: auto_optimize sets every library node to the first "fast" implementation it finds, "pure" where no
-        # BLAS of its own is installed: reductions then added with atomics again (a BERT layer's LayerNorm
-        # backward took 314 ms) and matrix products went to loops or to a BLAS whose threads fight OpenMP's; on
-        # the CPU dcnb's choices (fixes.linalg, fixes.reduction) come first
-        auto_optimize.run(sdfg, dace.DeviceType.CPU, library=lambda _: [registry.CHOOSE])
+    # gap: auto_optimize sets every library node to the first "fast" implementation it finds, "pure" where no
+    # BLAS of its own is installed: reductions then added with atomics again (a BERT layer's LayerNorm backward took
+    # 314 ms) and matrix products went to loops or to a BLAS whose threads fight OpenMP's; on a GPU, to DaCe's
+    # cuBLAS and cuTENSOR, whose headers clash with gpu_libs.h or are not installed ("cutensor.h: No such file" on
+    # an H100). dcnb's choices (fixes.linalg, fixes.reduction: cuBLAS through gpu_libs on a GPU) come first
+    library = lambda _: [registry.CHOOSE]
+    auto_optimize.run(sdfg, dace.DeviceType.GPU if device == "cuda" else dace.DeviceType.CPU, library=library)
     passes.run(passes.AFTER_AUTO_OPTIMIZE, sdfg)
     return 1
 

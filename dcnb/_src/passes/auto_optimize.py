@@ -199,13 +199,23 @@ def _tile_and_collapse(sdfg: dace.SDFG, device: dace.DeviceType, library: Librar
     sdfg.apply_transformations_repeated(MapCollapse, validate=False)
 
 
+#: DaCe's implementations that include a GPU library's own headers and link it: dcnb reaches cuBLAS through
+#: gpu_libs.h (whose declarations clash with cublas_v2.h), and cuTENSOR and cuSOLVER are not installed with CUDA
+GPU_LIBRARIES_BLOCKED = ["cuBLAS", "cuTENSOR", "cuSolverDn"]
+
+
 def _libraries(sdfg: dace.SDFG, device: dace.DeviceType, library: Library | None) -> None:
     # gap: DaCe's TensorTranspose checks its arrays' whole shapes, and simplify had made part of an array (YOLOS's
     # position embeddings but the first) its input: "The permutation of the input shape does not match"
     whole_arrays_for_ops(sdfg)
-    dace_auto.set_fast_implementations(sdfg, device, find_fast_library_fn=library)
+    blocked = GPU_LIBRARIES_BLOCKED if device == dace.DeviceType.GPU else None
+    dace_auto.set_fast_implementations(sdfg, device, blocklist=blocked, find_fast_library_fn=library)
     infer_types.infer_connector_types(sdfg)
     infer_types.set_default_schedule_and_storage_types(sdfg, None)
+    if device == dace.DeviceType.GPU:
+        # expanded when the code is generated, as in the naive step's CUDA build: expanded here, the host call
+        # into cuBLAS ended up inside a kernel ("identifier __state is undefined")
+        return
     sdfg.expand_library_nodes()
 
 
