@@ -140,8 +140,16 @@ def extension() -> types.ModuleType | None:
     try:
         return _building().result()
     except Exception as e:  # noqa: BLE001 -- any build failure means the Python path, said once
-        _warn_once(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
+        _warn_once(f"{type(e).__name__}: {_cause(str(e))}")
         return None
+
+
+def _cause(message: str) -> str:
+    """The line of a failed build's output that says why: the compiler's first error, not ninja's closing
+    "build stopped" (all an H100 run showed of why the extension did not build there)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line]
+    return (errors or lines or [""])[0 if errors else -1]
 
 
 @functools.cache
