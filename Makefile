@@ -31,9 +31,9 @@ notebooks: setup
 	.venv/bin/python -m pytest --notebooks tests/notebooks
 
 # the CUDA builds of more graphs than make test's, and of the GPU row recipe (tests/compile/test_cuda_build.py,
-# tests/compile/test_rows_cuda.py)
+# tests/compile/test_rows_cuda.py, tests/compile/test_gpu_libs.py)
 cuda: setup
-	.venv/bin/python -m pytest --cuda tests/compile/test_cuda_build.py tests/compile/test_rows_cuda.py
+	.venv/bin/python -m pytest --cuda tests/compile/test_cuda_build.py tests/compile/test_rows_cuda.py tests/compile/test_gpu_libs.py
 
 # on a machine with a GPU and a CUDA build of PyTorch, which setup's CPU wheel is not (its image's python3 by default;
 # `make gpu PYTHON=...` takes another), in one command within 10 minutes on an H100: the CUDA call path, its graphs and
