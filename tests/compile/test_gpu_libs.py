@@ -4,7 +4,7 @@ libraries' headers.
 
 Without them, the products ran as DaCe's loop kernels and convolutions and pooling as C++ loops in one-thread
 kernels. The generated code is read: the calls are there, the loops are not, and nvcc compiled it. Whether the
-results are right needs a GPU (tests/gpu/test_gpu_libs.py, make gpu).
+results are right needs a GPU (tests/gpu/test_libraries_on_a_gpu.py, make gpu).
 """
 
 import copy
