@@ -139,8 +139,8 @@ def measure(
             tried.append((step, session.recipe, label))
 
     kept = RECIPES / f"{name}.json"
-    if kept.exists() and _offered(json.loads(kept.read_text()), device):
-        recipe = json.loads(kept.read_text())
+    recipe = json.loads(kept.read_text()) if kept.exists() else None
+    if recipe is not None and _offered(recipe, device):
         start = time.perf_counter()
         try:
             best = dcnb.replay(module, *inputs, recipe=recipe, **options).current
@@ -150,7 +150,7 @@ def measure(
         return row
     if warm:
         return row
-    # no recipe kept: the fastest step tried (each against its own run's eager time)
+    # no recipe kept (or none offered on the device): the fastest step tried (each against its own run's eager time)
     best, recipe, label = min(tried, key=lambda c: c[0].timings["dcnb"].median / c[0].timings["torch"].median)
     row["best_recipe"] = label
     for key in ("ms", "vs_torch", "vs_torch_compile"):

@@ -143,9 +143,6 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *a
                                              cudnnConvolutionBwdFilterAlgo_t algo, void *workSpace,
                                              size_t workSpaceSizeInBytes, const void *beta,
                                              cudnnFilterDescriptor_t dwDesc, void *dw);
-cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void *alpha, cudnnTensorDescriptor_t dyDesc,
-                                           const void *dy, const void *beta, cudnnTensorDescriptor_t dbDesc,
-                                           void *db);
 cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha, cudnnTensorDescriptor_t aDesc, const void *A,
                              const void *beta, cudnnTensorDescriptor_t cDesc, void *C);
 cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *desc);
@@ -332,7 +329,7 @@ inline bool tensor(cudnnTensorDescriptor_t *desc, cudnnDataType_t type, const Sh
            DCNB_CUDNN(cudnnSetTensorNdDescriptor, *desc, type, shape.rank, shape.dims, shape.strides) == 0;
 }
 
-// a per-channel vector (a bias, its gradient) as the tensor 1 x C x 1 x ... that cuDNN broadcasts
+// a per-channel vector (a bias) as the tensor 1 x C x 1 x ... that cuDNN broadcasts
 inline bool channels(cudnnTensorDescriptor_t *desc, cudnnDataType_t type, int rank, int count) {
     int dims[8], strides[8];
     for (int i = 0; i < rank; ++i) {
@@ -360,7 +357,7 @@ struct Convolution {
     size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
 
     // ``spatial`` dimensions after batch and channel; ``runs``: 'f' forward, 'd' data gradient, 'w' weight
-    // gradient, 'b' bias gradient (or the forward's bias)
+    // gradient (a bias's gradient stays the loops: fixes/conv.py)
     bool create(Cudnn &dnn, cudnnDataType_t dtype, const Shape &xs, const Shape &ws, const Shape &ys,
                 const Spatial &p, const Spatial &s, const Spatial &d, int groups, const char *runs) {
         type = dtype;
@@ -441,8 +438,7 @@ struct Convolution {
 
     // the gradients asked for (null pointers: not asked), each written whole (beta 0)
     template <typename T>
-    bool backward(Cudnn &dnn, cudaStream_t stream, const T *dyp, const T *xp, const T *wp, T *dxp, T *dwp,
-                  T *dbp) const {
+    bool backward(Cudnn &dnn, cudaStream_t stream, const T *dyp, const T *xp, const T *wp, T *dxp, T *dwp) const {
         const T one = 1, zero = 0;
         bool ok = dnn.on(stream);
         if (ok && dxp)
@@ -451,7 +447,6 @@ struct Convolution {
         if (ok && dwp)
             ok = DCNB_CUDNN(cudnnConvolutionBackwardFilter, dnn.handle, &one, x, xp, y, dyp, conv, filter_algo,
                             dnn.workspace, filter_bytes, &zero, w, dwp) == 0;
-        if (ok && dbp) ok = DCNB_CUDNN(cudnnConvolutionBackwardBias, dnn.handle, &one, y, dyp, &zero, bias, dbp) == 0;
         return ok;
     }
 };

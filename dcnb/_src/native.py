@@ -149,7 +149,9 @@ def _cause(message: str) -> str:
     "build stopped" (all an H100 run showed of why the extension did not build there)."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     errors = [line for line in lines if "error:" in line]
-    return (errors or lines or [""])[0 if errors else -1]
+    if errors:
+        return errors[0]
+    return lines[-1] if lines else ""
 
 
 @functools.cache

@@ -26,14 +26,16 @@ from tests.zoo import CASES, ZOO
 pytestmark = pytest.mark.compile
 
 
-def _cuda_sources(session: dcnb.Session) -> list[tuple[str, str]]:
-    """(host code, CUDA code) of the session's forward and backward, built for the H100 (no GPU here to ask)."""
+def _cuda_sources(session: dcnb.Session, arch: str = "90", sdfgs: list | None = None) -> list[tuple[str, str]]:
+    """(host code, CUDA code) of the session's forward and backward (or of ``sdfgs``), built by nvcc for ``arch``
+    (the H100's by default: no GPU here to ask)."""
     assert shutil.which("nvcc"), "nvcc belongs to the build environment"
     # the SDFGs the session's actions transform, before the CPU build's passes made their maps host loops
-    sdfgs = session._states[-1].sdfgs
+    if sdfgs is None:
+        sdfgs = [session._states[-1].sdfgs.forward, session._states[-1].sdfgs.backward]
     with temporary_config():
-        Config.set("compiler", "cuda", "cuda_arch", value="90")
-        built = build.build([sdfgs.forward, sdfgs.backward], "cuda")
+        Config.set("compiler", "cuda", "cuda_arch", value=arch)
+        built = build.build(sdfgs, "cuda")
     sources = []
     for binary in built.binaries:
         src = pathlib.Path(binary._lib._library_filename).parents[1] / "src"

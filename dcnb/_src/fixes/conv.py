@@ -443,7 +443,7 @@ def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
     forward = "Y" in arrays
     y = arrays["Y" if forward else "Y_grad"]
     rank = len(x.shape) - 2
-    runs = "f" if forward else "".join(r for n, r in (("X_grad", "d"), ("W_grad", "w"), ("B_grad", "b")) if n in arrays)
+    runs = "f" if forward else "".join(r for n, r in (("X_grad", "d"), ("W_grad", "w")) if n in arrays)
     create = (
         f"FIELD.create(__state->dcnb_cudnn, {cudnn_type(x)}, {shape(x)}, {shape(w)}, {shape(y)}, "
         f"dcnb_gpu::Spatial({gpu_libs.dims(conv.pads[:rank])}, 0), "
@@ -455,7 +455,7 @@ def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
     if forward:
         call = f"FIELD.forward<{ctype}>(__state->dcnb_cudnn, __dace_current_stream, X, W, {given('B')}, Y)"
     else:
-        grads = ", ".join(given(n) for n in ("X_grad", "W_grad", "B_grad"))
+        grads = ", ".join(given(n) for n in ("X_grad", "W_grad"))
         call = (
             f"FIELD.backward<{ctype}>(__state->dcnb_cudnn, __dace_current_stream, Y_grad, {given('X')}, "
             f"{given('W')}, {grads})"

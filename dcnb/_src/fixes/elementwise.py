@@ -259,13 +259,18 @@ class ModBackward(BackwardImplementation):
 default_backward("Mod")
 
 
-def _drops_nothing(node, state, sdfg) -> bool:
-    """Whether a Dropout passes its input through: in eval mode, or with a probability of 0 (both constants)."""
-    constants = {
+def _dropout_constants(node, state, sdfg) -> dict:
+    """A Dropout's ``ratio`` and ``training_mode`` inputs, each its constant value (None where it is not one)."""
+    return {
         e.dst_conn: onnx_constant_or_none(sdfg, e.src.data)
         for e in state.in_edges(node)
         if e.dst_conn in ("ratio", "training_mode")
     }
+
+
+def _drops_nothing(node, state, sdfg) -> bool:
+    """Whether a Dropout passes its input through: in eval mode, or with a probability of 0 (both constants)."""
+    constants = _dropout_constants(node, state, sdfg)
     known = all(c is not None for c in constants.values())
     return known and (not constants.get("training_mode") or constants.get("ratio", 0.5) == 0)
 
@@ -313,11 +318,7 @@ class DropoutWithoutMaskBackward(BackwardImplementation):
 
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
-        constants = {
-            e.dst_conn: onnx_constant_or_none(context.forward_sdfg, e.src.data)
-            for e in context.forward_state.in_edges(forward_node)
-            if e.dst_conn in ("ratio", "training_mode")
-        }
+        constants = _dropout_constants(forward_node, context.forward_state, context.forward_sdfg)
         if constants.get("training_mode") and constants.get("ratio", 0.5) != 0:
             raise UnsupportedOpError(
                 f"{forward_node.label} drops values in training mode without exporting its mask, so its gradient "

@@ -35,13 +35,12 @@ def to_gpu(sdfg: dace.SDFG) -> int:
 
 
 def gpu_scalars_as_arrays(sdfg: dace.SDFG) -> None:
-    """Scalars in GPU memory as arrays of one element: transients there, and a nested SDFG's scalar argument whose
-    outer data is in GPU memory (a loss's gradient, a Gather's one-element input), outermost first.
+    """Scalars in GPU memory as arrays of one element: those stored there, and a nested SDFG's scalar argument whose
+    outer data is there (a loss's gradient), outermost first.
 
     gap: DaCe's code generator passes such a scalar to a nested SDFG's function as a host reference
-    (``const float&``) while the kernels inside take its device pointer, and reads it inside a kernel through a
-    non-const pointer: the MLP's and the loss's backward and BERT's embeddings did not compile for CUDA ("cannot
-    convert 'const float' to 'const float*'", "'const bool *' cannot initialize 'bool *'")."""
+    (``const float&``) while the kernels inside take its device pointer: the MLP's and the loss's backward did not
+    compile for CUDA ("cannot convert 'const float' to 'const float*'")."""
     for nested in sdfg.all_sdfgs_recursive():
         for name, desc in list(nested.arrays.items()):
             if isinstance(desc, dt.Scalar) and desc.storage == dace.StorageType.GPU_Global:
@@ -50,10 +49,11 @@ def gpu_scalars_as_arrays(sdfg: dace.SDFG) -> None:
             if not isinstance(node, nodes.NestedSDFG):
                 continue
             for edge in (*state.in_edges(node), *state.out_edges(node)):
-                inner = node.sdfg.arrays.get(edge.dst_conn if edge.dst is node else edge.src_conn)
+                name = edge.dst_conn if edge.dst is node else edge.src_conn
+                inner = node.sdfg.arrays.get(name)
                 outer = state.sdfg.arrays[edge.data.data] if edge.data.data else None
                 if isinstance(inner, dt.Scalar) and outer is not None and outer.storage == dace.StorageType.GPU_Global:
-                    node.sdfg.arrays[edge.dst_conn if edge.dst is node else edge.src_conn] = _one_element(inner, False)
+                    node.sdfg.arrays[name] = _one_element(inner, False)
 
 
 def const_pointer_reads(sdfg: dace.SDFG) -> None:
