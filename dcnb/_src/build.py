@@ -32,6 +32,7 @@ from dace.sdfg import nodes
 
 from . import blas, cache, events, forked, native, passes
 from .errors import CompileError, DcnbError, first_line
+from .names import readable_sdfg, readable_text
 from .passes import vecmath
 
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
@@ -236,7 +237,9 @@ def _generate(sdfg: dace.SDFG, key: str, device: str) -> str:
     try:
         objects = codegen.generate_code(sdfg, validate=True)
     except Exception as e:
-        raise CompileError(f"DaCe could not generate code for {sdfg.name}: {first_line(e)}", log=str(e)) from e
+        raise CompileError(
+            f"DaCe could not generate code for {readable_sdfg(sdfg.name)}: {readable_text(first_line(e))}", log=str(e)
+        ) from e
     frame = next(o for o in objects if o.name == sdfg.name and o.title == "Frame")
     frame.code += native.entry_code(sdfg)
     # DaCe writes a gzip of the SDFG's JSON beside the code (program.sdfgz: 14 of a ResNet-18 naive step's
@@ -319,7 +322,8 @@ class _Compiles:
                     raise CompileError(f"the compile process {e}") from None
             late = [n for n in sorted(pending) if time.monotonic() > self._deadlines[n]]
             if late:
-                named = [f"{n} ({self._children[n].stage()})" if self._children[n].stage() else n for n in late]
+                stages = {n: self._children[n].stage() for n in late}
+                named = [readable_sdfg(n) + (f" ({stages[n]})" if stages[n] else "") for n in late]
                 raise CompileError(
                     f"compiling {', '.join(named)} timed out after {self._limit:g} s and was stopped; "
                     "DCNB_COMPILE_TIMEOUT sets the limit in seconds"
@@ -337,10 +341,11 @@ class _Compiles:
 
 
 def _compiler_error(log: str) -> str:
-    """The first compiler diagnostic in a build log, without its path (nvcc's own say ``nvcc fatal   : ...``)."""
+    """The first compiler diagnostic in a build log, without its path (nvcc's own say ``nvcc fatal   : ...``), the
+    names in it read back (the log keeps DaCe's)."""
     for line in log.splitlines():
         found = re.search(r"(?:error|Error|fatal)\s*:\s*(.+)$", line)
         if found and "ninja" not in line and "make" not in line.split(":")[0]:
-            return found.group(1).strip()
-    return first_line(log)
+            return readable_text(found.group(1).strip())
+    return readable_text(first_line(log))
 

@@ -7,7 +7,6 @@ what a step added, changed and removed. It knows nodes and states, not how eithe
 from __future__ import annotations
 
 import collections
-import re
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterator
 from typing import Any
@@ -16,6 +15,7 @@ import dace
 from dace.sdfg import nodes
 
 from .actions.matching import label
+from .names import state_stem
 
 #: node kinds, in SDFV's vocabulary
 ACCESS, MAP_ENTRY, MAP_EXIT, TASKLET, LIBRARY, NESTED, OTHER = (
@@ -172,19 +172,3 @@ def _signature(placed: Placed) -> Hashable:
     mover = state.entry_node(node) if isinstance(node, nodes.ExitNode) else node
     moved = frozenset(e.data.data for e in state.all_edges(mover) if e.data is not None and e.data.data is not None)
     return kind(node), label(node), moved
-
-
-#: the states DaCe splits off while inlining (``isolate_nested_sdfg``) are labelled ``<label>_pre_state``; state
-#: fusion keeps the first label, so each nested SDFG inlined adds one more
-_SPLIT_STATE = re.compile(r"(?:_(?:pre|post)_state)+")
-#: what ends a reversed state's stem
-REVERSED = "_reversed"
-
-
-def state_stem(raw: str) -> str:
-    """A state's label without the suffixes inlining piles up; a reversed state's as its forward one's plus a mark,
-    whether DaCe reversed it as a loop or not."""
-    stem = _SPLIT_STATE.sub("", raw)
-    if match := re.fullmatch(r"(.+?)_(?:loop_)?reversed", stem):
-        return state_stem(match[1]) + REVERSED
-    return stem

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .names import readable_text
+
 
 class DcnbError(Exception):
     """A problem with the user's module, inputs or step, explained in one sentence."""
@@ -50,6 +52,7 @@ def first_line(e: BaseException | str) -> str:
 
 
 def describe(e: BaseException) -> str:
-    """An exception raised inside PyTorch or DaCe, in one line: ``TypeError: the first line of its message``."""
-    first = first_line(e)
+    """An exception raised inside PyTorch or DaCe, in one line: ``TypeError: the first line of its message``, with
+    the names DaCe made in it read back."""
+    first = readable_text(first_line(e))
     return f"{type(e).__name__}: {first}" if first != type(e).__name__ else first

@@ -15,6 +15,7 @@ from dace.sdfg import nodes
 from . import passes
 from .errors import StepError, describe
 from .frontend import Imported
+from .names import readable, readable_text
 
 
 @dataclasses.dataclass
@@ -61,15 +62,15 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
     try:
         forward, backward, result, forwarded = make_backward_function(model, wrt)
     except AutoDiffException as e:
-        raise StepError(f"DaCe's autodiff failed: {e}") from e
+        raise StepError(f"DaCe's autodiff failed: {readable_text(str(e))}") from e
     except AssertionError as e:
         # DaCe 2.0.0b1's autodiff asserts when the backward needs a value computed inside a map scope
         inner = _in_scope_intermediates(pre)
         if inner:
+            named = sorted(readable(name) for name in inner)[:3]
             raise StepError(
-                "DaCe's autodiff cannot store values computed inside a map for the backward "
-                f"({', '.join(sorted(inner)[:3])}); fuse maps after autodiff (map_fusion) or merge the "
-                "tasklets before it (tasklet_fusion)"
+                f"DaCe's autodiff cannot store values computed inside a map for the backward ({', '.join(named)}); "
+                "fuse maps after autodiff (map_fusion) or merge the tasklets before it (tasklet_fusion)"
             ) from e
         raise StepError("DaCe's autodiff failed on an internal assertion") from e
     except Exception as e:  # an SDFG it made and found invalid, say

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from .names import readable_label
 from .timing import NOISE_NOTE, Timing
 from .verify import Check
 
@@ -92,9 +93,11 @@ class Step:
 
     @property
     def title(self) -> str:
+        """The action, where it was applied (by the names the graphs draw: DaCe's stay in ``where`` and the recipe)
+        and its options."""
         text = self.name
         if self.where:
-            text += f" (where {', '.join(self.where)})"
+            text += f" (where {', '.join(readable_label(label) for label in self.where)})"
         if self.options:
             text += " " + " ".join(f"{k}={v!r}" for k, v in self.options.items())
         return text

@@ -1,4 +1,4 @@
-"""Readable names (views/names.py) for what DaCe's ONNX importer, its expansions and autodiff call things, read
+"""Readable names (names.py) for what DaCe's ONNX importer, its expansions and autodiff call things, read
 off the SDFGs of real modules: a transformer block, a conv net and GPT-2's block, imported and differentiated as a
 session does (nothing compiled)."""
 
@@ -17,8 +17,8 @@ from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
 from torch import nn
 
-from dcnb._src import frontend, passes, program
-from dcnb._src.views import graph, names
+from dcnb._src import frontend, names, passes, program
+from dcnb._src.views import graph
 from tests.hf_models import BY_NAME
 from tests.zoo import CASES
 

@@ -38,6 +38,7 @@ from dace import dtypes
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
 
+from ..names import readable
 from .algebra_rules import Candidate, Unsupported, calls, candidates, cast, statements, to_sympy
 
 FORMS = ("auto", "exp", "split")
@@ -341,7 +342,8 @@ def reasons(sdfg: dace.SDFG, where, options: dict) -> list[str]:
     found = list(sites(sdfg, where))
     if not found:
         return ["no tasklet makes more than one transcendental call (tasklet_fusion merges them first)"]
-    return [f"{site.tasklet.label}: {a.reason}" for site in found if (a := _analysis(site, options)).rewrite is None]
+    left = [(site, a) for site in found if (a := _analysis(site, options)).rewrite is None]
+    return [f"{readable(site.tasklet.label)}: {a.reason}" for site, a in left]
 
 
 def _analysis(site: Site, options: dict) -> Analysis:

@@ -18,6 +18,7 @@ from dace.transformation.onnx.replacement import onnx_constant_or_none
 
 from ..errors import UnsupportedOpError
 from ..export_rules import STOP_GRADIENT
+from ..names import readable
 from .array_ops import broadcast_index
 from .cpp import at, cpp_backward, forward_in, forward_out, loops, zero
 from .registry import default_backward, pure_expansion
@@ -321,8 +322,8 @@ class DropoutWithoutMaskBackward(BackwardImplementation):
         constants = _dropout_constants(forward_node, context.forward_state, context.forward_sdfg)
         if constants.get("training_mode") and constants.get("ratio", 0.5) != 0:
             raise UnsupportedOpError(
-                f"{forward_node.label} drops values in training mode without exporting its mask, so its gradient "
-                "cannot be computed; export it with a probability of 0 or in eval mode"
+                f"{readable(forward_node.label)} drops values in training mode without exporting its mask, so its "
+                "gradient cannot be computed; export it with a probability of 0 or in eval mode"
             )
         return _passed_through(forward_node, context, "data", "output")
 

@@ -25,6 +25,7 @@ from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.transformation import ExpandTransformation
 
 from .. import blas, gpu_libs
+from ..names import readable
 from .array_ops import broadcast_index
 from .registry import CHOOSE, choice, default_backward, on_cpu, on_gpu_host, pure_expansion
 
@@ -224,7 +225,7 @@ def _cublas_call(node, state, sdfg) -> dace.sdfg.nodes.Tasklet:
     (_, adesc, *_), (_, bdesc, *_), _ = _get_matmul_operands(node, state, sdfg)
     cdesc = sdfg.arrays[state.out_edges(node)[0].data.data]
     if any(d.storage != dace.StorageType.GPU_Global for d in (adesc, bdesc, cdesc)):
-        raise ValueError(f"{node.label}: cuBLAS reads GPU memory only")
+        raise ValueError(f"{readable(node.label)}: cuBLAS reads GPU memory only")
     # BatchedMatMul has no alpha or beta: its product is written, as DaCe's cblas expansion writes it
     alpha, beta = (node.alpha, node.beta) if isinstance(node, Gemm) else (1, 0)
     ctype = cdesc.dtype.ctype

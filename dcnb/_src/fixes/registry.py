@@ -14,6 +14,7 @@ from dace.sdfg.scope import is_devicelevel_gpu
 from dace.transformation.transformation import ExpandTransformation
 
 from ..frontend import OPSET
+from ..names import readable
 from .cpp import kept_nested
 
 
@@ -63,7 +64,9 @@ def pure_expansion(op: str, name: str = "pure"):
 
 def _expand(op: str, impl: type[ONNXForward], node: ONNXOp, state, sdfg, *args, **kwargs):
     if not impl.forward_can_be_applied(node, state, sdfg):
-        raise NotImplementedError(f"the ONNX op {op} of {node.label} uses attributes dcnb's expansion does not cover")
+        raise NotImplementedError(
+            f"the ONNX op {op} of {readable(node.label)} uses attributes dcnb's expansion does not cover"
+        )
     return impl.forward(node, state, sdfg)
 
 

@@ -18,8 +18,8 @@ from dace import data as dt
 from dace.sdfg import nodes
 
 from ..actions.matching import label
+from .. import names
 from ..diff import ACCESS, LIBRARY, MAP_ENTRY, MAP_EXIT, NESTED, OTHER, TASKLET, Diff, kind, placed
-from . import names
 
 #: what a step did to a node of the picture it made
 ADDED, CHANGED = "added", "changed"

@@ -37,10 +37,10 @@ from dace.libraries.standard.nodes.copy.node import CopyLibraryNode
 from dace.sdfg import infer_types, nodes
 from dace.transformation.passes.insert_explicit_copies import InsertExplicitCopies
 
-from .. import build, cache
+from .. import build, cache, names
 from ..errors import DcnbError
 from ..module import Runner
-from . import graph, names
+from . import graph
 from .sources import expansions
 
 #: top ops of PyTorch's profile kept

@@ -20,7 +20,7 @@ from typing import Any
 from ..record import Row, Step, Table, tabulate_history, tabulate_timings
 from ..session import Session
 from . import graph as graphs
-from . import names, overlays, profile
+from . import overlays, profile
 
 #: above this many nodes a picture is shown at its own size, in a box that scrolls
 SCROLL_ABOVE = 60
@@ -106,22 +106,13 @@ def profile_html(found: dict[str, Any]) -> str:
     )
 
 
-def titled(step: Step) -> Step:
-    """``step`` as the views title it: the labels of its ``where`` by the names the graphs draw (DaCe's own stay
-    in the step, its details and the recipe)."""
-    if not step.where:
-        return step
-    return dataclasses.replace(step, where=tuple(names.readable_label(label) for label in step.where))
-
-
 def history(session: Session) -> Table:
-    """The history table as the views show it (the steps titled by readable names)."""
-    return tabulate_history([titled(s) for s in session.history], session.current.index)
+    """The history table as the views show it."""
+    return tabulate_history(session.history, session.current.index)
 
 
 def step_html(step: Step) -> str:
     """One step: its summary (``Step.summary``'s headline and facts) and its timing table."""
-    step = titled(step)
     if not step.ok:
         return f"<p><b>{_e(step.headline)} failed</b>: {_e(step.error or '')}</p>"
     text = " &middot; ".join([f"<p><b>{_e(step.headline)}</b>", *map(_e, step.facts())]) + "</p>"

@@ -236,8 +236,8 @@ class SessionWidget(ipywidgets.DOMWidget):
         return [
             dict(
                 step.to_dict(),
-                title=render.titled(step).title,
-                summary=render.titled(step).summary,
+                title=step.title,
+                summary=step.summary,
                 log=step.log,
                 timing=tabulate_timings(step.timings).to_dict(),
             )
@@ -341,7 +341,7 @@ class SessionWidget(ipywidgets.DOMWidget):
                 raise DcnbError(f"{name} has no match {match!r} now (it matches {len(places)} place(s))")
             where = list(places[match].labels)
         self.busy = f"applying {name}"
-        step = render.titled(self.session.apply(name, where=where))
+        step = self.session.apply(name, where=where)
         if step.ok:
             return f"{step.headline} applied at {step.applied} place(s)"
         return step.summary

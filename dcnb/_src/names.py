@@ -1,4 +1,5 @@
-"""DaCe's generated names -> the module's own, for the graph views: ``ln1DOTweight`` reads ``ln1.weight``.
+"""DaCe's generated names -> the module's own, for the views and for every message: ``ln1DOTweight`` reads
+``ln1.weight``.
 
 A name in an imported SDFG is built in layers, and each layer is read back here:
 
@@ -16,6 +17,7 @@ A name in an imported SDFG is built in layers, and each layer is read back here:
 
 Read back: a node ``<path> · <op>``, its output k ``<path> · <op>:k``, a gradient ``∇<array>``, a name inside an
 expansion's SDFG ``<node> › <inner>``, and what a layer says about its node in brackets (``(einsum, backward)``).
+A message reads the names it is about here, and those in DaCe's own errors it quotes (``readable_text``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ import dataclasses
 import functools
 import re
 import sys
-
-from ..diff import REVERSED, state_stem
 
 #: clean_onnx_name's spellings, read back
 _UNESCAPED = {"DOT": ".", "COLON": ":", "SLASH": "/", "DASH": "-"}
@@ -49,8 +49,16 @@ _SUFFIX = re.compile(r"_(output_\d+|einsum_expansion|backward_expansion|backward
 _UNNAMED_NODE = re.compile(
     r"([A-Z][A-Za-z0-9]*_\d+)(?=_(?:output_\d+|einsum_expansion|expansion|backward|tasklet|map)(?:_|$))(.*)"
 )
+#: a name in a text that only the importer or autodiff makes: an escaped ONNX name or a gradient
+_MANGLED = re.compile(r"\b(?:\w+(?:SLASH|DOT|COLON|DASH)\w*|(?:SLASH|DOT|COLON|DASH)\w+|gradient_\w+)\b", re.ASCII)
 #: a build key dcnb appends to the SDFGs it compiles (build.py)
 _BUILD_KEY = re.compile(r"_[0-9a-f]{16}$")
+#: the states DaCe splits off while inlining (``isolate_nested_sdfg``) are labelled ``<label>_pre_state``; state
+#: fusion keeps the first label, so each nested SDFG inlined adds one more
+_SPLIT_STATE = re.compile(r"(?:_(?:pre|post)_state)+")
+#: what ends a reversed state's stem
+REVERSED = "_reversed"
+
 
 
 @dataclasses.dataclass
@@ -80,6 +88,11 @@ def readable_label(raw: str) -> str:
     return readable_map(raw) if raw.endswith("_map") else readable(raw)
 
 
+def readable_text(text: str) -> str:
+    """``text`` (DaCe's error, a compiler's diagnostic) with each name the importer or autodiff made read back."""
+    return _MANGLED.sub(lambda m: readable_label(m[0]), text)
+
+
 def readable_sdfg(raw: str) -> str:
     """An SDFG's name, without the build key dcnb appends and the ``_sdfg`` some of DaCe's own end in."""
     return readable(_BUILD_KEY.sub("", raw).removesuffix("_sdfg") or raw)
@@ -93,6 +106,15 @@ def readable_state(raw: str) -> str:
     if match := re.fullmatch(r"copy_(in|out)_(.+)", label):
         return f"copy {match[1]} {readable(match[2])}"
     return label
+
+
+def state_stem(raw: str) -> str:
+    """A state's label without the suffixes inlining piles up; a reversed state's as its forward one's plus a mark,
+    whether DaCe reversed it as a loop or not."""
+    stem = _SPLIT_STATE.sub("", raw)
+    if match := re.fullmatch(r"(.+?)_(?:loop_)?reversed", stem):
+        return state_stem(match[1]) + REVERSED
+    return stem
 
 
 def _parts(name: str) -> list[_Part]:
