@@ -220,6 +220,15 @@ def test_an_ill_conditioned_gradient_is_judged_against_float64():
     assert session.current.check.errors["grad norm.weight"] > 1e-4
 
 
+def test_a_refusal_names_the_node_by_its_module_path():
+    # DaCe's name for the node was SLASH1SLASHDropout
+    module = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+    with pytest.raises(dcnb.DcnbError) as raised:
+        dcnb.optimize(module, torch.randn(4, 8), training=True, baselines=(), time_budget=0, cuda_build=False)
+    assert "1 · Dropout drops values in training mode" in str(raised.value)
+    assert "SLASH" not in str(raised.value) and "DOT" not in str(raised.value)
+
+
 def test_not_a_module_or_no_inputs():
     with pytest.raises(dcnb.InputError, match="torch.nn.Module"):
         dcnb.optimize(lambda x: x, torch.rand(2))
