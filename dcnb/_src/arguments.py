@@ -3,6 +3,7 @@ device, the time budget. A wrong one raises InputError, saying what was expected
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ def call(module: nn.Module, inputs: Sequence[Any], kwargs: Mapping[str, Any]) ->
     found = structure.Call.of(inputs, kwargs)
     if not inputs and not found.keywords:
         raise InputError(f"{type(module).__name__} needs example inputs to build for (their shapes are compiled in)")
-    return found
+    return dataclasses.replace(found, required=structure.left_out(module, found.constants))
 
 
 def example_inputs(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -56,6 +56,8 @@ class Imported:
     buffer_updates: dict[str, str] = dataclasses.field(default_factory=dict)
     #: paths of the counters a forward call increments (BatchNorm's ``num_batches_tracked``)
     counters: list[str] = dataclasses.field(default_factory=list)
+    #: SDFG array name of an output -> the SDFG names of the inputs, parameters and buffers it is computed from
+    reached: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
 
 def import_module(
@@ -82,6 +84,7 @@ def import_module(
         model_proto = simplify_onnx_model(model_proto, auto_merge=False)
         stops = _identities_for_stop_gradients(model_proto)
         _each_output_once(model_proto)
+        sources = _sources(model_proto)
         _check_supported(model_proto, module, inputs, call, input_names, training)
         try:
             model = ONNXModel(name, model_proto, onnx_simplify=False)
@@ -108,7 +111,27 @@ def import_module(
         counters=sorted(
             {_member(path.rpartition(".")[0], "num_batches_tracked") for path in updates.values()} & set(named)
         ),
+        reached={
+            renamed[n]: frozenset(clean_onnx_name(i) for i in sources[n])
+            for n in renamed
+            if n not in updates and n in sources
+        },
     )
+
+
+def _sources(model: onnx.ModelProto) -> dict[str, frozenset[str]]:
+    """Each value of the graph -> the graph inputs it is computed from (a node with a subgraph, which may read any
+    value around it: from every input). The nodes are in topological order, as ONNX requires."""
+    found = {i.name: frozenset([i.name]) for i in model.graph.input}
+    every = frozenset(found)
+    subgraphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    for node in model.graph.node:
+        if any(a.type in subgraphs for a in node.attribute):
+            sources = every
+        else:
+            sources = frozenset().union(*(found.get(name, frozenset()) for name in node.input if name))
+        found.update(dict.fromkeys(node.output, sources))
+    return found
 
 
 def _outputs_apart_from_returns(sdfg: dace.SDFG, outputs: list[str]) -> list[str]:
@@ -251,7 +274,12 @@ def _export(
     # export() runs forward once; in training mode that would move BatchNorm's running statistics
     state = {k: v.clone() for k, v in module.state_dict().items()}
     try:
-        with warnings.catch_warnings(), _onnx_log(verbose), export_rules.stopping_gradients(OPSET):
+        with (
+            warnings.catch_warnings(),
+            _onnx_log(verbose),
+            export_rules.stopping_gradients(OPSET),
+            _persistent(module),
+        ):
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 _flat(module, call),
@@ -284,6 +312,21 @@ def _export(
     finally:
         module.load_state_dict(state)
     return onnx.load_from_string(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _persistent(module: nn.Module):
+    """Every buffer persistent while the module is exported: the exporter takes the state dict's tensors as the
+    graph's inputs and bakes in the others, so that a non-persistent buffer changed after the build (a mask, a
+    scale) was silently ignored; as an input, the compiled module reads it at each call, as eager does."""
+    owners = [(m, set(m._non_persistent_buffers_set)) for m in module.modules() if m._non_persistent_buffers_set]
+    for m, _ in owners:
+        m._non_persistent_buffers_set.clear()
+    try:
+        yield
+    finally:
+        for m, names in owners:
+            m._non_persistent_buffers_set.update(names)
 
 
 @contextlib.contextmanager

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import functools
 import threading
 import warnings
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -15,7 +18,7 @@ from dace.codegen.compiled_sdfg import CompiledSDFG
 from torch import nn
 
 from . import dace_internals, memory, native, structure
-from .errors import InputError
+from .errors import DcnbError, InputError
 from .frontend import Imported
 from .passes.gradient_writes import overwritten
 from .program import Program
@@ -36,6 +39,7 @@ class Runner:
         forward: CompiledSDFG,
         backward: CompiledSDFG | None,
         device: str = "cpu",
+        again: Again | None = None,
     ):
         self.imported = imported
         self.device = torch.device(device)
@@ -46,9 +50,16 @@ class Runner:
         self._backward_call = None if backward is None else _Call(backward)
         self.params = list(imported.param_paths)
         self.names = imported.inputs + self.params
+        #: (create_graph=True) gradients that are differentiable themselves, which the compiled backward's are not
+        self.again = again
         fwd = program.forward
         # (name, shape, dtype) worked out once: DaCe's descriptors are slow to read on every call
         self.outputs = [_spec(name, fwd.arrays[name]) for name in imported.outputs]
+        every = range(len(self.outputs))
+        #: per tensor of the call, the outputs computed from it: where none of them gets a gradient, it gets None
+        self.reached_by = [
+            [j for j in every if name in imported.reached.get(self.outputs[j][0], (name,))] for name in self.names
+        ]
         self._updates = [_spec(name, fwd.arrays[name]) for name in imported.buffer_updates]
         self._constants = _constants(imported, fwd, self.device)
         # constants the backward reads are passed to it as constants, not stored by the forward
@@ -176,6 +187,8 @@ class Runner:
             save,
             [_one_element(v) for v in self._constants.values()],
             [_one_element(v) for v in self._bwd_constants.values()],
+            self.reached_by,
+            self.again,
             (fwd, bwd),
             str(self.device),
             *(self._cuda_launch(b) for b in (fwd, bwd)),
@@ -267,67 +280,278 @@ class _Apply(torch.autograd.Function):
         ctx.names = runner.saved_names
         ctx.save_for_backward(*(saved[name] for name in ctx.names))
         ctx.shapes = [t.shape for t in tensors]
+        ctx.tensors = tensors  # (as called, with their history) for gradients through PyTorch: Again
         ctx.mark_non_differentiable(*updates)
+        ctx.set_materialize_grads(False)  # an output without a gradient: its parameters' stay None
         return (*outputs, *updates)
 
     @staticmethod
-    def backward(ctx, *grad_outputs: torch.Tensor):
+    def backward(ctx, *grad_outputs: torch.Tensor | None):
         runner = ctx.runner
-        grads = runner.backward(dict(zip(ctx.names, ctx.saved_tensors)), list(grad_outputs[: len(runner.outputs)]))
-        return (None, *(g if g is None or g.shape == s else g.reshape(s) for g, s in zip(grads, ctx.shapes)))
+        grad_outputs = list(grad_outputs[: len(runner.outputs)])
+        if torch.is_grad_enabled():  # create_graph=True
+            return (None, *_again(runner, list(ctx.tensors), grad_outputs))
+        grads = runner.backward(dict(zip(ctx.names, ctx.saved_tensors)), grad_outputs)
+        given = [g is not None for g in grad_outputs]
+        return (
+            None,
+            *(
+                None if g is None or not any(given[j] for j in reached) else g if g.shape == s else g.reshape(s)
+                for g, s, reached in zip(grads, ctx.shapes, runner.reached_by)
+            ),
+        )
+
+
+def _again(runner: Runner, tensors: list[torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
+    if runner.again is None:
+        raise DcnbError(
+            "a gradient of a gradient (create_graph=True) through this compiled module was asked for, but it has "
+            "no way to make one: use Session.module"
+        )
+    return runner.again(tensors, grad_outputs)
+
+
+class Again:
+    """A call's gradients computed again through PyTorch eager, as differentiable functions of the call's tensors:
+    what ``torch.autograd.grad(..., create_graph=True)`` asks of a compiled module (gradient penalties, MAML), since
+    the compiled backward's gradients have no history. It reruns the user's module functionally on the call's
+    inputs, parameters and buffers (copies of the buffers: running statistics move once, in the compiled forward)."""
+
+    #: ONNX ops that draw random numbers: a run again would draw others
+    RANDOM = frozenset(
+        {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"}
+    )
+
+    def __init__(self, module: nn.Module, call: structure.Call, imported: Imported, signature: Signature):
+        self._module = weakref.ref(module)  # the session holds the module; its runners must not hold the session
+        self._call = call
+        self._imported = imported
+        self._signature = signature
+        self._random = sorted(self.RANDOM & set(imported.ops)) + (
+            ["Dropout"] if signature.training and "Dropout" in imported.ops else []
+        )
+
+    def __call__(self, tensors: list[torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
+        imported, module = self._imported, self._module()
+        name = type(module).__name__ if module is not None else imported.name
+        if self._random:
+            raise DcnbError(
+                f"a gradient of a gradient (create_graph=True) through {name} is computed again by PyTorch, but "
+                f"{name} draws random numbers ({', '.join(self._random)}) that a second run would draw differently: "
+                "take it in eval mode, or through the original module"
+            )
+        if module is None:
+            raise DcnbError(f"a gradient of a gradient through {name} needs its session's module, which is gone")
+        given = dict(zip(imported.inputs, tensors))
+        params = dict(zip(imported.param_paths.values(), tensors[len(imported.inputs) :]))
+        buffers = {path: b.detach().clone() for path, b in module.named_buffers()}
+        # the inputs the graph does not read are passed as zeros of their shape: no output depends on their values
+        inputs = [
+            given[n] if n in given else torch.zeros(shape, dtype=dtype, device=tensors[0].device)
+            for n, (shape, dtype) in zip(imported.all_inputs, self._signature.inputs)
+        ]
+        flags = [(m, m.training) for m in module.modules()]
+        module.train(self._signature.training)
+        try:
+            with torch.enable_grad():
+                state = {**buffers, **{p: t.detach().clone() if p in buffers else t for p, t in params.items()}}
+                run = lambda *xs: torch.func.functional_call(module, state, xs, strict=False)  # noqa: E731
+                outputs = structure.leaves(self._call.invoke(run, inputs))
+        finally:
+            for m, mode in flags:
+                m.training = mode
+        pairs = [
+            (o, g.reshape(o.shape)) for o, g in zip(outputs, grad_outputs) if g is not None and o.requires_grad
+        ]
+        wanted = [i for i, t in enumerate(tensors) if t.requires_grad]
+        grads: list = [None] * len(tensors)
+        if pairs and wanted:
+            found = torch.autograd.grad(
+                [o for o, _ in pairs],
+                [tensors[i] for i in wanted],
+                [g for _, g in pairs],
+                create_graph=True,
+                allow_unused=True,
+            )
+            for i, g in zip(wanted, found):
+                grads[i] = g
+        return grads
+
+
+#: builds a compiled module keeps per step of its session, past which a call is refused (torch.compile's
+#: recompile limit is the same 8)
+MAX_BUILDS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """What a build of a module is for: its call's tensors' shapes and dtypes (in the compiled order), the dtype and
+    device of its parameters, and the mode."""
+
+    inputs: tuple[tuple[torch.Size, torch.dtype], ...]
+    params: tuple[torch.dtype, torch.device] | None
+    training: bool
+
+    def __str__(self) -> str:
+        shapes = ", ".join(_fmt(tuple(shape), dtype) for shape, dtype in self.inputs)
+        return f"({shapes}) in {_mode(self.training)} mode"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One build of a module: its runner, and PyTorch's output shapes and result structure for that signature."""
+
+    runner: Runner
+    output_shapes: list[torch.Size]
+    #: the structure of the module's result (structure.skeleton), filled with the compiled outputs
+    result: Any
+
+    @functools.cached_property
+    def reshape(self) -> bool:
+        """Whether the compiled outputs' shapes differ from PyTorch's (0-d in PyTorch, (1,) in the SDFG)."""
+        return [tuple(s) for _, s, _ in self.runner.outputs] != [tuple(s) for s in self.output_shapes]
+
+
+class Builds(Protocol):
+    """Where a compiled module finds its build for a call: a session (its current step's, another shape's or
+    mode's made on first use), or one build (a step's candidate)."""
+
+    call: structure.Call
+
+    def variant(self, module: nn.Module, signature: Signature, tensors: list[torch.Tensor]) -> Variant: ...
+
+    def portable(self) -> Builds:
+        """What a copy or a pickle of the compiled module carries in place of these builds."""
+        ...
+
+
+class OneBuild:
+    """A single build, for its signature only: the module a step checks and times."""
+
+    def __init__(self, call: structure.Call, signature: Signature, variant: Variant):
+        self.call = call
+        self._signature = signature
+        self._variant = variant
+
+    def variant(self, module: nn.Module, signature: Signature, tensors: list[torch.Tensor]) -> Variant:
+        if signature != self._signature:
+            raise InputError(f"{type(module).__name__} was built for {self._signature}; got {signature}")
+        return self._variant
+
+    def portable(self) -> Builds:
+        raise DcnbError("a step's candidate module cannot be copied: copy Session.module")
 
 
 class DcnbModule(nn.Module):
     """The user's module, running forward and backward through dcnb's compiled SDFGs.
 
-    It holds the user's module as ``module``, so that ``parameters()`` are the user's and ``.grad`` lands on them.
-    The compiled code has the example inputs' shapes baked in, and the training/eval mode the session was built in.
+    It holds the user's module as ``module``, so that ``parameters()`` are the user's and ``.grad`` lands on them;
+    its ``state_dict()`` has the user's module's keys. A call of a new signature (other shapes, ``train()`` or
+    ``eval()``, ``.double()``) builds for it on first use (``Builds``); hooks on the user's submodules do not run.
     """
 
-    def __init__(
-        self,
-        module: nn.Module,
-        runner: Runner,
-        example: list[torch.Tensor],
-        output_shapes: list,
-        call: structure.Call,
-        result: Any,
-    ):
+    def __init__(self, module: nn.Module, builds: Builds, training: bool):
         super().__init__()
         self.module = module
-        self._runner = runner
-        self._example = [(t.shape, t.dtype) for t in example]
-        self._call = call
-        #: the structure of the module's result (structure.skeleton), filled with the compiled outputs
-        self._result = result
-        self._output_shapes = output_shapes
-        # the compiled code's output shapes differ where PyTorch's are 0-d (the SDFG's are (1,))
-        self._reshape = [tuple(s) for _, s, _ in runner.outputs] != [tuple(s) for s in output_shapes]
-        self._params = [_resolve(module, path) for path in runner.imported.param_paths.values()]
-        imported = runner.imported
-        self._used = [i for i, name in enumerate(imported.all_inputs) if name in set(imported.inputs)]
+        self._builds = builds
+        self.training = training
+        self._prepare()
+        self.register_state_dict_post_hook(_user_keys)
+        self.register_load_state_dict_pre_hook(_keys_under_module)
 
-    def forward(self, *args: torch.Tensor, **kwargs: Any):
+    def _prepare(self) -> None:
+        """What the calls read of the user's module, worked out once (again for a copy)."""
+        self._bound: weakref.WeakKeyDictionary[Runner, tuple[list, list[int]]] = weakref.WeakKeyDictionary()
+        self._submodules = list(self.module.modules())
+        #: the submodules' training flags as last seen: changed together (``user.eval()``), the build follows
+        self._flags = tuple(m.training for m in self._submodules)
+        self._hooks_told: tuple[str, ...] = ()
+        self._attributes = _tensor_attributes(self.module)
+        first = next((name for name, p in self.module.named_parameters() if p.is_floating_point()), None)
+        self._first = None if first is None else _resolve(self.module, first)
+
+    def train(self, mode: bool = True) -> DcnbModule:
+        super().train(mode)
+        self._flags = tuple(m.training for m in self._submodules)
+        return self
+
+    def forward(self, *args: Any, **kwargs: Any):
         try:
-            inputs = self._call.tensors(args, kwargs)
+            inputs = self._builds.call.tensors(args, kwargs)
         except InputError as e:
             raise InputError(f"{type(self.module).__name__} was {e}") from None
-        for i, (t, (shape, dtype)) in enumerate(zip(inputs, self._example)):
-            if t.shape != shape or t.dtype != dtype:
-                raise InputError(
-                    f"input {i} of {type(self.module).__name__} was compiled as {_fmt(shape, dtype)}; "
-                    f"got {_fmt(tuple(t.shape), t.dtype)} (dcnb builds for fixed shapes: optimize again for these)"
-                )
-        tensors = [inputs[i] for i in self._used] + [p() for p in self._params]
-        outputs, buffers = self._runner.call(tensors)
-        self._write_back(buffers)
-        if self._reshape:
-            outputs = [o.reshape(shape) for o, shape in zip(outputs, self._output_shapes)]
-        return structure.fill(self._result, outputs)
+        self._look_at_the_module()
+        first = None if self._first is None else self._first()
+        signature = Signature(
+            tuple((t.shape, t.dtype) for t in inputs),
+            None if first is None else (first.dtype, first.device),
+            self.training,
+        )
+        variant = self._builds.variant(self.module, signature, inputs)
+        params, used = self._bind(variant.runner)
+        tensors = [inputs[i] for i in used] + [p() for p in params]
+        outputs, buffers = variant.runner.call(tensors)
+        self._write_back(variant.runner, buffers)
+        if variant.reshape:
+            outputs = [o.reshape(shape) for o, shape in zip(outputs, variant.output_shapes)]
+        return structure.fill(variant.result, outputs)
 
-    def _write_back(self, buffers: dict[str, torch.Tensor]) -> None:
+    def _bind(self, runner: Runner) -> tuple[list, list[int]]:
+        """The getters of the parameters and buffers a build reads (read at call time, so that reassigned tensors
+        are seen), and which of the call's tensors it takes."""
+        found = self._bound.get(runner)
+        if found is None:
+            imported = runner.imported
+            params = [_resolve(self.module, path) for path in imported.param_paths.values()]
+            used = [i for i, name in enumerate(imported.all_inputs) if name in set(imported.inputs)]
+            found = self._bound[runner] = (params, used)
+        return found
+
+    def _look_at_the_module(self) -> None:
+        """Follow the mode the user's module was put in; refuse what the build cannot follow; warn of hooks."""
+        flags = tuple(m.training for m in self._submodules)
+        if flags != self._flags:
+            if len(set(flags)) > 1:
+                odd = [_path(self.module, m) for m in self._submodules if m.training != flags[0]]
+                raise InputError(
+                    f"{type(self.module).__name__} is in {_mode(flags[0])} mode but {', '.join(odd[:5])} in "
+                    f"{_mode(not flags[0])} mode: dcnb builds a whole module in one mode; call train() or eval() on "
+                    "the compiled module"
+                )
+            self._flags = flags
+            self.training = flags[0]
+        for owner, name, tensor, version, value in self._attributes:
+            now = owner.__dict__.get(name)
+            if now is not tensor or tensor._version != version:
+                self._compiled_in_changed(owner, name, now, value)
+        hooked = tuple(_path(self.module, m) for m in self._submodules if _has_hooks(m))
+        if hooked and hooked != self._hooks_told:
+            warnings.warn(
+                f"{type(self.module).__name__}'s compiled code does not call its submodules, so the hooks on "
+                f"{', '.join(hooked[:5])}{' ...' if len(hooked) > 5 else ''} do not run (hooks on the compiled "
+                "module itself do)",
+                stacklevel=4,
+            )
+        self._hooks_told = hooked
+
+    def _compiled_in_changed(self, owner: nn.Module, name: str, now: Any, value: torch.Tensor) -> None:
+        """A tensor attribute (not a parameter or buffer) the export compiled in was changed or rebound: the same
+        values pass (a cache computed again), other values are refused."""
+        if isinstance(now, torch.Tensor) and now.shape == value.shape and torch.equal(now.detach().cpu(), value):
+            self._attributes = [
+                (o, n, now, now._version, v) if (o, n) == (owner, name) else (o, n, t, ver, v)
+                for o, n, t, ver, v in self._attributes
+            ]
+            return
+        raise InputError(
+            f"{_path(self.module, owner) or type(self.module).__name__}.{name} changed since the build, and dcnb "
+            "compiled its value in (it is a plain tensor attribute, not a parameter or buffer): register it as a "
+            "buffer (register_buffer) to have it read at each call, or optimize again"
+        )
+
+    def _write_back(self, runner: Runner, buffers: dict[str, torch.Tensor]) -> None:
         """What PyTorch's training-mode forward does to the module's buffers: new running statistics, counters."""
-        counters = self._runner.imported.counters
+        counters = runner.imported.counters
         if not buffers and not counters:
             return  # most modules: on every call, so no grad-mode switch for nothing (a few microseconds)
         with torch.no_grad():
@@ -335,6 +559,73 @@ class DcnbModule(nn.Module):
                 self.module.get_buffer(path).copy_(value.reshape(self.module.get_buffer(path).shape))
             for path in counters:
                 self.module.get_buffer(path).add_(1)
+
+    # --- copies ---------------------------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the binaries stay behind: a copy carries the example call and the recipe, and builds again on first use
+        # (the build cache finds the binaries by their content)
+        state = dict(self.__dict__)
+        state["_builds"] = self._builds.portable()
+        for name in ("_bound", "_submodules", "_flags", "_hooks_told", "_attributes", "_first"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._prepare()
+
+
+def _user_keys(module: DcnbModule, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    """``state_dict()`` with the user's module's own keys (``fc.weight``, not ``module.fc.weight``), so that a
+    checkpoint loads into the plain module."""
+    inner = prefix + "module."
+    items = list(state_dict.items())
+    state_dict.clear()
+    for key, value in items:
+        state_dict[prefix + key.removeprefix(inner) if key.startswith(inner) else key] = value
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        for key in [k for k in metadata if k == inner[:-1] or k.startswith(inner)]:
+            metadata[prefix + key.removeprefix(inner) if key != inner[:-1] else prefix[:-1]] = metadata.pop(key)
+
+
+def _keys_under_module(
+    module: DcnbModule, state_dict: dict, prefix: str, local_metadata, strict, missing, unexpected, errors
+) -> None:
+    """``load_state_dict()`` takes the user's module's keys (a checkpoint of the plain module), and those under
+    ``module.`` too."""
+    inner = prefix + "module."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key.removeprefix(prefix)] = state_dict.pop(key)
+
+
+def _mode(training: bool) -> str:
+    return "training" if training else "eval"
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
+
+
+def _path(root: nn.Module, module: nn.Module) -> str:
+    """A submodule's path in ``root`` (``encoder.0.fc``); the root's is its class name."""
+    if module is root:
+        return type(root).__name__
+    return next((name for name, m in root.named_modules() if m is module), type(module).__name__)
+
+
+def _tensor_attributes(module: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]:
+    """Tensors held as plain attributes of the module's submodules (not parameters or buffers), which the export
+    compiles in: (owner, name, tensor, its version, a copy of its values), to tell a change at call time."""
+    found = []
+    for owner in module.modules():
+        for name, value in vars(owner).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                found.append((owner, name, value, value._version, value.detach().cpu().clone()))
+    return found
 
 
 def _resolve(module: nn.Module, path: str):

@@ -378,6 +378,8 @@ struct Plan : torch::CustomClassHolder {
   std::vector<bool> accumulated;           // per tensor: the backward adds into its gradient, which starts at zero
   std::vector<int64_t> saved;              // what the forward saves: indices into inputs ++ outputs ++ stored
   std::vector<at::Tensor> forward_constants, backward_constants;
+  std::vector<std::vector<int64_t>> reached_by;  // per tensor of the call: the outputs computed from it
+  py::object again;     // module.Again (or None): gradients with a history, for create_graph=True
   py::object binaries;  // the CompiledSDFGs: their code must outlive every graph that calls it
   c10::Device device = c10::kCPU;  // of the call's tensors, and so of the binaries' arguments
 
@@ -388,10 +390,12 @@ struct Plan : torch::CustomClassHolder {
     if (Py_IsInitialized() && !_Py_IsFinalizing()) {
       py::gil_scoped_acquire gil;
       binaries = py::object();
+      again = py::object();
     } else {
       // a graph that outlived the interpreter (an output kept in a global): without a GIL to take, the reference
       // is let go of, not dropped (pybind11 aborts the process on a dec_ref without the GIL)
       binaries.release();
+      again.release();
     }
   }
 
@@ -453,6 +457,7 @@ struct Apply : torch::autograd::Function<Apply> {
     call->plan = plan;
     for (const auto& t : tensors) call->shapes.push_back(t.sizes().vec());
     ctx->saved_data["call"] = at::IValue::make_capsule(call);
+    ctx->saved_data["tensors"] = tensors.vec();  // as called, with their history: for Again
     ctx->set_materialize_grads(false);  // an unused output's gradient is zeros of our own, from the pool
     ctx->mark_non_differentiable(updates);
     outputs.insert(outputs.end(), updates.begin(), updates.end());
@@ -462,6 +467,8 @@ struct Apply : torch::autograd::Function<Apply> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto call = c10::static_intrusive_pointer_cast<Call>(ctx->saved_data["call"].toCapsule());
     const Plan& plan = *call->plan;
+    grad_outputs.resize(plan.outputs.size());  // (the buffers' new values have none)
+    if (at::GradMode::is_enabled()) return again(plan, ctx->saved_data["tensors"].toTensorVector(), grad_outputs);
     auto saved = ctx->get_saved_variables();
     std::vector<at::Tensor> grads(plan.grads.size());
     for (size_t i = 0; i < grads.size(); ++i)
@@ -485,8 +492,28 @@ struct Apply : torch::autograd::Function<Apply> {
     variable_list result{at::Tensor()};  // the plan's
     for (size_t i = 0; i < grads.size(); ++i) {
       const auto& g = grads[i];
-      result.push_back(!g.defined() || g.sizes() == at::IntArrayRef(call->shapes[i]) ? g : g.view(call->shapes[i]));
+      // a tensor none of whose outputs got a gradient gets None, as in eager (not zeros an optimizer would use)
+      const auto& by = plan.reached_by[i];
+      const bool reached = std::any_of(by.begin(), by.end(), [&](int64_t j) { return grad_outputs[j].defined(); });
+      if (!g.defined() || !reached)
+        result.push_back(at::Tensor());
+      else
+        result.push_back(g.sizes() == at::IntArrayRef(call->shapes[i]) ? g : g.view(call->shapes[i]));
     }
+    return result;
+  }
+
+  // create_graph=True: the compiled backward's gradients have no history, so Python's Again makes them
+  static variable_list again(const Plan& plan, std::vector<at::Tensor> tensors, const variable_list& grad_outputs) {
+    py::gil_scoped_acquire gil;
+    if (plan.again.is_none())
+      throw std::runtime_error("a gradient of a gradient (create_graph=True) through this compiled module cannot be "
+                               "made: use Session.module");
+    py::list given;
+    for (const auto& g : grad_outputs) given.append(g.defined() ? py::cast(g) : py::none());
+    py::list got = plan.again(tensors, given);
+    variable_list result{at::Tensor()};  // the plan's
+    for (auto item : got) result.push_back(item.is_none() ? at::Tensor() : item.cast<at::Tensor>());
     return result;
   }
 };
@@ -509,7 +536,8 @@ c10::intrusive_ptr<Plan> make_plan(int64_t forward_entry, int64_t forward_state,
                                    std::vector<Spec> outputs, std::vector<Spec> stored, std::vector<Spec> updates,
                                    std::vector<std::optional<Spec>> grads, std::vector<bool> accumulated,
                                    std::vector<int64_t> saved, std::vector<at::Tensor> forward_constants,
-                                   std::vector<at::Tensor> backward_constants, py::object binaries,
+                                   std::vector<at::Tensor> backward_constants,
+                                   std::vector<std::vector<int64_t>> reached_by, py::object again, py::object binaries,
                                    const std::string& device, std::pair<int64_t, bool> forward_cuda,
                                    std::pair<int64_t, bool> backward_cuda) {
   auto plan = c10::make_intrusive<Plan>();
@@ -535,6 +563,8 @@ c10::intrusive_ptr<Plan> make_plan(int64_t forward_entry, int64_t forward_state,
   plan->saved = std::move(saved);
   plan->forward_constants = std::move(forward_constants);
   plan->backward_constants = std::move(backward_constants);
+  plan->reached_by = std::move(reached_by);
+  plan->again = std::move(again);
   plan->binaries = std::move(binaries);
   return plan;
 }

@@ -19,14 +19,15 @@ from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
 from . import actions, arguments, cuda_check, diff, events, native, passes, probe, program, timing, verify, workdir
 from .analysis import Analysis
-from .errors import DcnbError, StepError, check, describe
+from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
-from .module import DcnbModule, Runner
+from .module import MAX_BUILDS, Again, DcnbModule, OneBuild, Runner, Signature, Variant
 from .program import Program
 from .recipe import Entry
 from .recipe import parse as parse_recipe
 from .recipe import replay as replay_recipe
 from .record import BASELINES, Step, history_table, slower_note
+from .structure import Call
 
 
 @dataclasses.dataclass
@@ -43,6 +44,8 @@ class _State:
     step: Step
     #: what the views worked out of the state (its overlays, code, profile): it lives and goes with the state
     analysis: Analysis
+    #: the builds of this state by signature: the example's, and those other calls of Session.module made
+    variants: dict[Signature, Variant]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,48 @@ class Session:
         cuda_build: bool | None = None,
         cuda_arch: str | None = None,
     ):
+        arguments.time_budget(time_budget)
+        self._setup(module, inputs, kwargs, backward, training, device, baselines, progress, cuda_build, cuda_arch)
+        # dcnb never changes the user's objects: what the export, the checks and the timing do to the module
+        # (gradients, BatchNorm's statistics, the training flag) is undone, here and in every step
+        with verify.preserved(self._module, training), workdir.untouched():
+            self._start(baselines, time_budget)
+
+    @classmethod
+    def _built_at(
+        cls,
+        module: nn.Module,
+        inputs: Sequence[torch.Tensor],
+        kwargs: Mapping[str, Any],
+        recipe: tuple[Entry, ...],
+        *,
+        backward: bool,
+        training: bool,
+        device: str,
+        progress: Callable[[str], None] | None = None,
+    ) -> Session:
+        """A session built straight at ``recipe`` (one build, checked against PyTorch, not timed): the build of
+        another signature of a session's module, or of a copy of it."""
+        self = cls.__new__(cls)
+        self._setup(module, inputs, kwargs, backward, training, device, (), progress, False, None, timed=False)
+        with verify.preserved(self._module, training), workdir.untouched():
+            self._start((), 0.0, recipe)
+        return self
+
+    def _setup(
+        self,
+        module: nn.Module,
+        inputs: Sequence[torch.Tensor],
+        kwargs: Mapping[str, Any] | None,
+        backward: bool,
+        training: bool,
+        device: str,
+        baselines: Iterable[str],
+        progress: Callable[[str], None] | None,
+        cuda_build: bool | None,
+        cuda_arch: str | None,
+        timed: bool = True,
+    ) -> None:
         self._call = arguments.call(module, inputs, kwargs or {})
         inputs = arguments.example_inputs(module, self._call.tensors(inputs, kwargs or {}))
         self.device = arguments.device(device)
@@ -92,7 +137,6 @@ class Session:
         if self.device == "cpu" and cuda_check.enabled(cuda_build):
             self._cuda_builds = cuda_check.Builds(self._cuda_arch or cuda_check.default_arch())
             weakref.finalize(self, self._cuda_builds.close)  # (and at exit): no compile outlives its session
-        arguments.time_budget(time_budget)
         # what the export would get wrong without a word: a write into an input, a branch on a tensor's values
         probe.check_forward(
             module, inputs, backward=backward, training=training, invoke=self._call.invoke, keywords=self._call.keywords
@@ -112,13 +156,13 @@ class Session:
         self._phase = "starting"
         self._history: list[Step] = []
         self._states: list[_State] = []
-        # dcnb never changes the user's objects: what the export, the checks and the timing do to the module
-        # (gradients, BatchNorm's statistics, the training flag) is undone, here and in every step
-        with verify.preserved(self._module, training), workdir.untouched():
-            self._start(baselines, time_budget)
+        self._timed = timed
+        #: Session.module: one object, following the current step
+        self._compiled: DcnbModule | None = None
 
-    def _start(self, baselines: tuple[str, ...], time_budget: float) -> None:
-        """Run PyTorch eager for the reference, export and import the module, and build step 0 (naive)."""
+    def _start(self, baselines: tuple[str, ...], time_budget: float, recipe: tuple[Entry, ...] = ()) -> None:
+        """Run PyTorch eager for the reference, export and import the module, and build step 0 (naive), or the
+        state of ``recipe`` at once."""
         self._progress("running PyTorch eager")
         outputs, self._result = verify.eager(self._module, self._inputs, self._call)
         self._progress("exporting to ONNX and importing into DaCe")
@@ -139,7 +183,9 @@ class Session:
             training=self.training,
         )
         self._baselines = timing.Baselines(baselines, self._reference, self.device, time_budget, self._progress)
-        state = self._make_state(pre, ())
+        before = tuple(a for a in recipe if actions.get(a.name).before_autodiff)
+        kept = tuple(a for a in before if _run(actions.get(a.name), pre, a, self.device, strict=False))
+        state = self._make_state(pre, kept, replay=tuple(a for a in recipe if a not in before))
         self._states.append(state)
         self._history.append(state.step)
 
@@ -221,8 +267,53 @@ class Session:
 
     @property
     def module(self) -> DcnbModule:
-        """An nn.Module running the current compiled SDFGs, sharing the user module's parameters."""
-        return self._dcnb_module(self._states[-1].runner)
+        """An nn.Module running the current step's compiled SDFGs, sharing the user module's parameters: one object
+        per session, following its current step. A call of another signature (shapes, mode, dtype) builds for it
+        on first use, checked against PyTorch on that call's inputs."""
+        if self._compiled is None:
+            self._compiled = DcnbModule(self._module, _Builds(self), self.training)
+        return self._compiled
+
+    def _variant_for(self, signature: Signature, tensors: list[torch.Tensor]) -> Variant:
+        """The current step's build for ``signature``: made on first use (from the user's module, whatever copy of
+        it calls: they share one architecture) and kept with the step."""
+        state = self._states[-1]
+        found = state.variants.get(signature)
+        if found is None:
+            if len(state.variants) >= MAX_BUILDS:
+                raise InputError(
+                    f"{self.name} has {len(state.variants)} builds at this step already ({_signatures(state)}); "
+                    f"dcnb makes at most {MAX_BUILDS}, as each is a compile: call it with fewer shapes (pad the "
+                    f"last batch), or optimize again for {signature}"
+                )
+            found = state.variants[signature] = self._build_variant(state, signature, tensors)
+        return found
+
+    def _portable(self) -> Rebuild:
+        """What a copy or pickle of Session.module carries: the example call and the current recipe."""
+        n = self._call.positional
+        kwargs = {**dict(zip(self._call.keywords, self._inputs[n:])), **self._call.constants}
+        applied = self._states[-1].applied
+        return Rebuild(self._call, list(self._inputs[:n]), kwargs, applied, self.backward, self.training, self.device)
+
+    def _build_variant(self, state: _State, signature: Signature, tensors: list[torch.Tensor]) -> Variant:
+        n = self._call.positional
+        kwargs = {**dict(zip(self._call.keywords, tensors[n:])), **self._call.constants}
+        self._progress(f"building {self.name} for {signature}")
+        try:
+            other = Session._built_at(
+                self._module,
+                tensors[:n],
+                kwargs,
+                state.applied,
+                backward=self.backward,
+                training=signature.training,
+                device=self.device,
+                progress=self._report,
+            )
+        except DcnbError as e:
+            raise type(e)(f"building {self.name} for {signature} (a call of Session.module) failed: {e}") from e
+        return next(iter(other._states[-1].variants.values()))
 
     # --- actions --------------------------------------------------------------------------------------------------
 
@@ -444,14 +535,17 @@ class Session:
         last = _last(applied)
         name = last.name
         (backward, forward), (backward_sdfg, forward_sdfg) = built.binaries, built.sdfgs
-        runner = Runner(self._imported, prog, forward, backward, self.device)
+        again = Again(self._module, self._call, self._imported, self._signature())
+        runner = Runner(self._imported, prog, forward, backward, self.device, again)
         candidate = self._dcnb_module(runner)
         self._progress("checking against PyTorch")
         result = self._reference.check(candidate)
         if not result.ok:
             raise StepError(f"{name} breaks correctness: {result.message}")
-        self._progress("timing")
-        timings, timing_notes = self._baselines.time(candidate)
+        timings, timing_notes = {}, ()
+        if self._timed:
+            self._progress("timing")
+            timings, timing_notes = self._baselines.time(candidate)
         step = Step(
             index=index,
             name=name,
@@ -468,7 +562,8 @@ class Session:
             # forked only now: the build made above and the timing do not share the cores with it
             cuda=None if self._cuda_builds is None else self._cuda_builds.start([prog.forward, prog.backward]),
         )
-        return _State(pre, prog, (forward_sdfg, backward_sdfg), runner, applied, step, Analysis(index))
+        variants = {self._signature(): self._variant(runner)}
+        return _State(pre, prog, (forward_sdfg, backward_sdfg), runner, applied, step, Analysis(index), variants)
 
     def _wrt(self) -> list[str]:
         imp = self._imported
@@ -478,9 +573,74 @@ class Session:
         wanted += [n for n, path in imp.param_paths.items() if path in params and params[path].requires_grad]
         return wanted
 
+    def _signature(self) -> Signature:
+        """The example call's signature, in the session's mode."""
+        first = next((p for p in self._module.parameters() if p.is_floating_point()), None)
+        return Signature(
+            tuple((t.shape, t.dtype) for t in self._inputs),
+            None if first is None else (first.dtype, first.device),
+            self.training,
+        )
+
+    def _variant(self, runner: Runner) -> Variant:
+        return Variant(runner, [t.shape for t in self._reference.outputs], self._result)
+
     def _dcnb_module(self, runner: Runner) -> DcnbModule:
-        shapes = [t.shape for t in self._reference.outputs]
-        return DcnbModule(self._module, runner, self._inputs, shapes, self._call, self._result)
+        """A module running ``runner`` (a step's candidate) for the example's signature only."""
+        return DcnbModule(self._module, OneBuild(self._call, self._signature(), self._variant(runner)), self.training)
+
+
+class _Builds:
+    """Session.module's builds (module.Builds): the session's current step's."""
+
+    def __init__(self, session: Session):
+        self.call = session._call
+        self._session = session
+
+    def variant(self, module: nn.Module, signature: Signature, tensors: list[torch.Tensor]) -> Variant:
+        return self._session._variant_for(signature, tensors)
+
+    def portable(self) -> Rebuild:
+        return self._session._portable()
+
+
+@dataclasses.dataclass
+class Rebuild:
+    """What a copy or a pickle of a compiled module carries in place of its session (module.Builds): the example
+    call and the recipe. The session is built again on the first call, straight at the recipe, for the copy's own
+    module; the build cache finds the binaries by their content where they were built before."""
+
+    call: Call
+    inputs: list[torch.Tensor]
+    kwargs: dict[str, Any]
+    recipe: tuple[Entry, ...]
+    backward: bool
+    training: bool
+    device: str
+    _session: Session | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def variant(self, module: nn.Module, signature: Signature, tensors: list[torch.Tensor]) -> Variant:
+        if self._session is None:
+            self._session = Session._built_at(
+                module,
+                self.inputs,
+                self.kwargs,
+                self.recipe,
+                backward=self.backward,
+                training=self.training,
+                device=self.device,
+            )
+        return self._session._variant_for(signature, tensors)
+
+    def portable(self) -> Rebuild:
+        return dataclasses.replace(self, _session=None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_session": None}
+
+
+def _signatures(state: _State) -> str:
+    return "; ".join(str(s) for s in state.variants)
 
 
 def _last(applied: tuple[Entry, ...]) -> Entry:

@@ -88,6 +88,9 @@ class Call:
     positional: int
     keywords: tuple[str, ...] = ()
     constants: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: of the constants, those a call must give again, as left out forward() would take another value: name ->
+    #: what it would take ("its default False", "no value")
+    required: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
@@ -103,7 +106,7 @@ class Call:
 
     def tensors(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         """The tensors of a call in the compiled order; an InputError says how the call differs from the example."""
-        if not kwargs and not self.keywords and len(args) == self.positional:
+        if not kwargs and not self.keywords and not self.required and len(args) == self.positional:
             return list(args)  # most modules, on every call: none of the checks below applies
         if len(args) != self.positional:
             raise InputError(f"compiled for {self.positional} positional inputs, got {len(args)}")
@@ -114,12 +117,35 @@ class Call:
         for k, v in kwargs.items():
             if k in self.constants and not _same(v, self.constants[k]):
                 raise InputError(f"{k}={v!r} differs from the {self.constants[k]!r} the module was compiled with")
+        for k, left_out in self.required.items():
+            if k not in kwargs:
+                raise InputError(
+                    f"called without {k}, which would take {left_out}; it was compiled with {k}="
+                    f"{self.constants[k]!r}: pass {k}={self.constants[k]!r}, or optimize again without it"
+                )
         return [*args, *(kwargs[k] for k in self.keywords)]
 
     def invoke(self, fn: Callable[..., Any], tensors: Sequence[torch.Tensor]) -> Any:
         """``fn`` called as the example was, with ``tensors`` in the compiled order."""
         n = self.positional
         return fn(*tensors[:n], **dict(zip(self.keywords, tensors[n:])), **self.constants)
+
+
+def left_out(module: torch.nn.Module, constants: Mapping[str, Any]) -> dict[str, str]:
+    """Of the keyword constants of an example call, those a later call leaving them out would give forward() with
+    another value (its default differs, or it has none): name -> what it would take then."""
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    found = {}
+    for name, value in constants.items():
+        p = parameters.get(name)
+        if p is None or p.default is p.empty:
+            found[name] = "no value"
+        elif not _same(p.default, value):
+            found[name] = f"its default {p.default!r}"
+    return found
 
 
 def _same(a: Any, b: Any) -> bool:

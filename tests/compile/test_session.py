@@ -192,11 +192,6 @@ def test_a_step_keeps_no_output_buffer_once_its_results_are_released(monkeypatch
     assert pooled and not any(pooled)
 
 
-def test_module_rejects_shapes_it_was_not_built_for(mish_session):
-    with pytest.raises(dcnb.InputError, match=r"compiled as \(2, 4, 16, 16\) float32; got \(3, 4, 16, 16\)"):
-        mish_session.module(torch.rand(3, 4, 16, 16))
-
-
 def test_step_tables_print_outside_jupyter(mish_session):
     text = str(mish_session)
     assert "dcnb session: Mish (2x4x16x16) on cpu" in text
