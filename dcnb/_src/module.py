@@ -418,6 +418,10 @@ class Builds(Protocol):
 
     call: structure.Call
 
+    def token(self) -> object:
+        """An object that stays the same while the builds do (a session's: its current step's)."""
+        ...
+
     def variant(self, module: nn.Module, signature: Signature, tensors: list[torch.Tensor]) -> Variant: ...
 
     def portable(self) -> Builds:
@@ -432,6 +436,9 @@ class OneBuild:
         self.call = call
         self._signature = signature
         self._variant = variant
+
+    def token(self) -> object:
+        return self
 
     def variant(self, module: nn.Module, signature: Signature, tensors: list[torch.Tensor]) -> Variant:
         if signature != self._signature:
@@ -461,10 +468,11 @@ class DcnbModule(nn.Module):
 
     def _prepare(self) -> None:
         """What the calls read of the user's module, worked out once (again for a copy)."""
-        self._bound: weakref.WeakKeyDictionary[Runner, tuple[list, list[int]]] = weakref.WeakKeyDictionary()
+        #: the last call's (builds' token, key, (variant, parameter getters, which tensors of the call it takes))
+        self._last: tuple | None = None
         self._submodules = list(self.module.modules())
         #: the submodules' training flags as last seen: changed together (``user.eval()``), the build follows
-        self._flags = tuple(m.training for m in self._submodules)
+        self._flags = [m.training for m in self._submodules]
         self._hooks_told: tuple[str, ...] = ()
         self._attributes = _tensor_attributes(self.module)
         first = next((name for name, p in self.module.named_parameters() if p.is_floating_point()), None)
@@ -472,26 +480,32 @@ class DcnbModule(nn.Module):
 
     def train(self, mode: bool = True) -> DcnbModule:
         super().train(mode)
-        self._flags = tuple(m.training for m in self._submodules)
+        self._flags = [m.training for m in self._submodules]
         return self
 
     def forward(self, *args: Any, **kwargs: Any):
+        builds = self._builds
         try:
-            inputs = self._builds.call.tensors(args, kwargs)
+            inputs = builds.call.tensors(args, kwargs)
         except InputError as e:
             raise InputError(f"{type(self.module).__name__} was {e}") from None
         self._look_at_the_module()
         first = None if self._first is None else self._first()
-        signature = Signature(
-            tuple((t.shape, t.dtype) for t in inputs),
-            None if first is None else (first.dtype, first.device),
-            self.training,
-        )
-        variant = self._builds.variant(self.module, signature, inputs)
-        params, used = self._bind(variant.runner)
+        params = None if first is None else (first.dtype, first.device)
+        key = (self.training, params, *[(t.shape, t.dtype) for t in inputs])
+        token, last = builds.token(), self._last
+        # (every call: a plain tuple compared with the last call's, a few hundred nanoseconds)
+        if last is not None and last[0] is token and last[1] == key:
+            variant, params, used = last[2]
+        else:
+            signature = Signature(tuple(key[2:]), key[1], key[0])
+            variant = builds.variant(self.module, signature, inputs)
+            params, used = self._bind(variant.runner)
+            self._last = (token, key, (variant, params, used))
         tensors = [inputs[i] for i in used] + [p() for p in params]
         outputs, buffers = variant.runner.call(tensors)
-        self._write_back(variant.runner, buffers)
+        if buffers or variant.runner.imported.counters:
+            self._write_back(variant.runner, buffers)
         if variant.reshape:
             outputs = [o.reshape(shape) for o, shape in zip(outputs, variant.output_shapes)]
         return structure.fill(variant.result, outputs)
@@ -499,20 +513,18 @@ class DcnbModule(nn.Module):
     def _bind(self, runner: Runner) -> tuple[list, list[int]]:
         """The getters of the parameters and buffers a build reads (read at call time, so that reassigned tensors
         are seen), and which of the call's tensors it takes."""
-        found = self._bound.get(runner)
-        if found is None:
-            imported = runner.imported
-            params = [_resolve(self.module, path) for path in imported.param_paths.values()]
-            used = [i for i, name in enumerate(imported.all_inputs) if name in set(imported.inputs)]
-            found = self._bound[runner] = (params, used)
-        return found
+        imported = runner.imported
+        params = [_resolve(self.module, path) for path in imported.param_paths.values()]
+        used = [i for i, name in enumerate(imported.all_inputs) if name in set(imported.inputs)]
+        return params, used
 
     def _look_at_the_module(self) -> None:
         """Follow the mode the user's module was put in; refuse what the build cannot follow; warn of hooks."""
-        flags = tuple(m.training for m in self._submodules)
+        submodules = self._submodules
+        flags = [m.training for m in submodules]
         if flags != self._flags:
             if len(set(flags)) > 1:
-                odd = [_path(self.module, m) for m in self._submodules if m.training != flags[0]]
+                odd = [_path(self.module, m) for m in submodules if m.training != flags[0]]
                 raise InputError(
                     f"{type(self.module).__name__} is in {_mode(flags[0])} mode but {', '.join(odd[:5])} in "
                     f"{_mode(not flags[0])} mode: dcnb builds a whole module in one mode; call train() or eval() on "
@@ -524,13 +536,21 @@ class DcnbModule(nn.Module):
             now = owner.__dict__.get(name)
             if now is not tensor or tensor._version != version:
                 self._compiled_in_changed(owner, name, now, value)
-        hooked = tuple(_path(self.module, m) for m in self._submodules if _has_hooks(m))
+        hooked = [
+            m
+            for m in submodules
+            if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        ]
+        if hooked or self._hooks_told:
+            self._warn_of_hooks(tuple(_path(self.module, m) for m in hooked))
+
+    def _warn_of_hooks(self, hooked: tuple[str, ...]) -> None:
         if hooked and hooked != self._hooks_told:
             warnings.warn(
                 f"{type(self.module).__name__}'s compiled code does not call its submodules, so the hooks on "
                 f"{', '.join(hooked[:5])}{' ...' if len(hooked) > 5 else ''} do not run (hooks on the compiled "
                 "module itself do)",
-                stacklevel=4,
+                stacklevel=5,
             )
         self._hooks_told = hooked
 
@@ -551,13 +571,10 @@ class DcnbModule(nn.Module):
 
     def _write_back(self, runner: Runner, buffers: dict[str, torch.Tensor]) -> None:
         """What PyTorch's training-mode forward does to the module's buffers: new running statistics, counters."""
-        counters = runner.imported.counters
-        if not buffers and not counters:
-            return  # most modules: on every call, so no grad-mode switch for nothing (a few microseconds)
         with torch.no_grad():
             for path, value in buffers.items():
                 self.module.get_buffer(path).copy_(value.reshape(self.module.get_buffer(path).shape))
-            for path in counters:
+            for path in runner.imported.counters:
                 self.module.get_buffer(path).add_(1)
 
     # --- copies ---------------------------------------------------------------------------------------------------
@@ -567,7 +584,7 @@ class DcnbModule(nn.Module):
         # (the build cache finds the binaries by their content)
         state = dict(self.__dict__)
         state["_builds"] = self._builds.portable()
-        for name in ("_bound", "_submodules", "_flags", "_hooks_told", "_attributes", "_first"):
+        for name in ("_last", "_submodules", "_flags", "_hooks_told", "_attributes", "_first"):
             del state[name]
         return state
 

@@ -597,6 +597,9 @@ class _Builds:
         self.call = session._call
         self._session = session
 
+    def token(self) -> object:
+        return self._session._states[-1]
+
     def variant(self, module: nn.Module, signature: Signature, tensors: list[torch.Tensor]) -> Variant:
         return self._session._variant_for(signature, tensors)
 
@@ -618,6 +621,9 @@ class Rebuild:
     training: bool
     device: str
     _session: Session | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def token(self) -> object:
+        return None if self._session is None else self._session._states[-1]
 
     def variant(self, module: nn.Module, signature: Signature, tensors: list[torch.Tensor]) -> Variant:
         if self._session is None:
