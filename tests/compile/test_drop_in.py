@@ -253,3 +253,14 @@ def test_another_sequence_length_builds_and_trains_like_eager():
     for net in (session.module, twin):
         net(ids).square().sum().backward()
     _assert_same(_grads(module), _grads(twin))
+
+
+def test_a_mode_that_cannot_be_built_is_refused_at_the_call_and_the_other_still_runs():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.3), nn.Linear(8, 2))
+    session = dcnb.optimize(module, torch.randn(4, 8), baselines=(), time_budget=0.0)
+    compiled = session.module.train()
+    with pytest.raises(dcnb.DcnbError, match=r"in training mode \(a call of Session.module\) failed: .*1 · Dropout"):
+        compiled(torch.randn(4, 8))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled.eval()(x), module.eval()(x), rtol=1e-4, atol=1e-5)
