@@ -492,7 +492,14 @@ class DcnbModule(nn.Module):
         self._look_at_the_module()
         first = None if self._first is None else self._first()
         params = None if first is None else (first.dtype, first.device)
-        key = (self.training, params, *[(t.shape, t.dtype) for t in inputs])
+        try:
+            key = (self.training, params, *[(t.shape, t.dtype) for t in inputs])
+        except AttributeError:
+            i, t = next((i, t) for i, t in enumerate(inputs) if not isinstance(t, torch.Tensor))
+            raise InputError(
+                f"{type(self.module).__name__} was called with a {type(t).__name__} as tensor input {i}, which was a "
+                "tensor in the example call"
+            ) from None
         token, last = builds.token(), self._last
         # (every call: a plain tuple compared with the last call's, a few hundred nanoseconds)
         if last is not None and last[0] is token and last[1] == key:

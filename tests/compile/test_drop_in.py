@@ -264,3 +264,9 @@ def test_a_mode_that_cannot_be_built_is_refused_at_the_call_and_the_other_still_
         compiled(torch.randn(4, 8))
     x = torch.randn(4, 8)
     torch.testing.assert_close(compiled.eval()(x), module.eval()(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_call_with_something_else_than_a_tensor_says_so(built):
+    session, _ = built
+    with pytest.raises(dcnb.InputError, match=r"TwoHeads was called with a list as tensor input 0"):
+        session.module([[0.0] * 16] * 4)
