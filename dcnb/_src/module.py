@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import functools
@@ -586,14 +587,24 @@ class DcnbModule(nn.Module):
 
     # --- copies ---------------------------------------------------------------------------------------------------
 
+    #: what a DcnbModule works out of its user's module (``_prepare``): a copy works it out of its own
+    _PREPARED = ("_last", "_submodules", "_flags", "_hooks_told", "_attributes", "_first")
+
     def __getstate__(self) -> dict[str, Any]:
-        # the binaries stay behind: a copy carries the example call and the recipe, and builds again on first use
+        # the binaries stay behind: a pickle carries the example call and the recipe, and builds again on first use
         # (the build cache finds the binaries by their content)
-        state = dict(self.__dict__)
+        state = {k: v for k, v in self.__dict__.items() if k not in self._PREPARED}
         state["_builds"] = self._builds.portable()
-        for name in ("_last", "_submodules", "_flags", "_hooks_told", "_attributes", "_first"):
-            del state[name]
         return state
+
+    def __deepcopy__(self, memo: dict) -> DcnbModule:
+        # a copy in the same process shares the builds (an EMA model, a copy to evaluate): their binaries take
+        # each call's parameters, the copy's own, and build for new shapes from the same architecture
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        state = {k: v for k, v in self.__dict__.items() if k not in self._PREPARED and k != "_builds"}
+        copied.__setstate__({**copy.deepcopy(state, memo), "_builds": self._builds})
+        return copied
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)

@@ -155,9 +155,10 @@ def test_checkpoints_move_both_ways(built):
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
-def test_copies_run_on_their_own_parameters(built, how):
+def test_copies_run_on_their_own_parameters(built, how, calls):
     session, module = built
     compiled = session.module
+    built_again = calls(session_module.Session, "_built_at")
     if how == "deepcopy":
         copied = copy.deepcopy(compiled)
     elif how == "pickle":
@@ -174,6 +175,8 @@ def test_copies_run_on_their_own_parameters(built, how):
     want = _twin(copied.module).eval()(x)[0]
     torch.testing.assert_close(copied(x)[0], want, rtol=1e-4, atol=1e-5)
     assert not torch.equal(compiled(x)[0], copied(x)[0])
+    # a deep copy runs the session's binaries; a pickle builds its session again, once
+    assert len(built_again) == (0 if how == "deepcopy" else 1)
 
 
 def test_hooks_on_the_compiled_module_run_and_those_on_submodules_are_warned_of(built):
