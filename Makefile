@@ -22,9 +22,10 @@ zoo: setup
 models: setup
 	.venv/bin/python -m pytest --models tests/compile/test_hf_models.py
 
-# every op of the catalog (tests/ops.py), forward and backward (tests/compile/test_ops.py)
+# every op of the catalog (tests/ops.py), forward and backward (tests/compile/test_ops.py), and with NaN and
+# infinities in its inputs (tests/compile/test_special_values.py)
 ops: setup
-	.venv/bin/python -m pytest --ops tests/compile/test_ops.py
+	.venv/bin/python -m pytest --ops tests/compile/test_ops.py tests/compile/test_special_values.py
 
 # every notebook in notebooks/, run in a real kernel and opened in Chromium (tests/notebooks/test_notebooks.py)
 notebooks: setup

@@ -196,6 +196,7 @@ def _classes_3d(gen):
 
 
 ACTIVATIONS = [
+    Op("relu", lambda: nn.ReLU(), randn(4, 8)),
     Op("elu", lambda: nn.ELU(), randn(4, 8)),
     Op("elu_alpha", lambda: nn.ELU(alpha=0.5), randn(4, 8)),
     Op("selu", lambda: nn.SELU(), randn(4, 8)),

@@ -123,15 +123,17 @@ def l1_loss(g, input, target, reduction: int):
 
 def _huber(g, input, target, reduction: int, delta: float, scale: float):
     """``scale`` * (0.5 d^2 / delta where |d| < delta, else |d| - 0.5 delta), d = input - target; |d| for
-    delta 0. Huber is smooth L1 scaled by delta."""
-    difference = g.op("Sub", input, target)
-    absolute = g.op("Abs", difference)
+    delta 0. Huber is smooth L1 scaled by delta.
+
+    Written as 0.5 m^2 / delta + |d| - m with m = min(|d|, delta), not as a Where of the two cases: the gradient of
+    the case a Where leaves out is 0 times that case's derivative, NaN for an infinite d."""
+    absolute = g.op("Abs", g.op("Sub", input, target))
     if delta == 0:
         return _reduce(g, absolute, reduction)
-    square = g.op("Mul", g.op("Mul", difference, difference), _scalar(g, 0.5 * scale / delta, input))
-    linear = g.op("Mul", g.op("Sub", absolute, _scalar(g, 0.5 * delta, input)), _scalar(g, scale, input))
-    inside = g.op("Less", absolute, _scalar(g, delta, input))
-    return _reduce(g, g.op("Where", inside, square, linear), reduction)
+    inside = g.op("Min", absolute, _scalar(g, delta, input))
+    square = g.op("Mul", g.op("Mul", inside, inside), _scalar(g, 0.5 / delta, input))
+    loss = g.op("Add", square, g.op("Sub", absolute, inside))
+    return _reduce(g, loss if scale == 1 else g.op("Mul", loss, _scalar(g, scale, input)), reduction)
 
 
 @symbolic("aten::smooth_l1_loss")
@@ -146,6 +148,50 @@ def smooth_l1_loss(g, input, target, reduction: int, beta: float):
 def huber_loss(g, input, target, reduction: int, delta: float):
     # gap: PyTorch cannot export aten::huber_loss (F.huber_loss, nn.HuberLoss)
     return _huber(g, input, target, reduction, delta, delta)
+
+
+def _log_sigmoid(g, input):
+    """log(sigmoid(x)) as min(x, 0) - log(1 + exp(-|x|)), where no exponential overflows."""
+    one = _scalar(g, 1.0, input)
+    tail = g.op("Log", g.op("Add", one, g.op("Exp", g.op("Neg", g.op("Abs", input)))))
+    return g.op("Sub", g.op("Min", input, _scalar(g, 0.0, input)), tail)
+
+
+@symbolic("aten::log_sigmoid")
+@symbolic_helper.parse_args("v")
+def log_sigmoid(g, input):
+    # gap: PyTorch exports F.logsigmoid as log(sigmoid(x)): -inf below x = -104 (floats), where eager's is x
+    return _log_sigmoid(g, input)
+
+
+@symbolic("aten::binary_cross_entropy_with_logits")
+@symbolic_helper.parse_args("v", "v", "v", "v", "i")
+def binary_cross_entropy_with_logits(g, input, target, weight, pos_weight, reduction: int):
+    # gap: PyTorch exports it with log(sigmoid(x)) and log(1 - sigmoid(x)): inf beyond |x| = 88 (floats), where
+    # eager's loss, (1 - t) x - w log(sigmoid(x)) with w = (pos_weight - 1) t + 1, is finite
+    one = _scalar(g, 1.0, input)
+    log_sigmoid = _log_sigmoid(g, input)
+    if not pos_weight.node().mustBeNone():
+        log_sigmoid = g.op("Mul", log_sigmoid, g.op("Add", g.op("Mul", g.op("Sub", pos_weight, one), target), one))
+    loss = g.op("Sub", g.op("Mul", g.op("Sub", one, target), input), log_sigmoid)
+    if not weight.node().mustBeNone():
+        loss = g.op("Mul", weight, loss)
+    return _reduce(g, loss, reduction)
+
+
+@symbolic("aten::kl_div")
+@symbolic_helper.parse_args("v", "v", "i", "b")
+def kl_div(g, input, target, reduction: int, log_target: bool):
+    # gap: PyTorch exports kl_div as where(target > 0, target * (log(target) - input), 0): 0 for a NaN target (and
+    # for a zero target beside an infinite input), where eager's xlogy(target, target) - target * input is NaN
+    if log_target:
+        loss = g.op("Mul", g.op("Exp", target), g.op("Sub", target, input))
+    else:
+        # xlogy(t, t): 0 where t is 0, t * log(t) elsewhere (NaN for NaN); its gradient is NaN at 0, as eager's
+        zero = g.op("Equal", target, _scalar(g, 0.0, target))
+        xlogy = g.op("Where", zero, _scalar(g, 0.0, target), g.op("Mul", target, g.op("Log", target)))
+        loss = g.op("Sub", xlogy, g.op("Mul", target, input))
+    return _reduce(g, loss, reduction)
 
 
 @symbolic("aten::rms_norm")

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
+import re
+from collections.abc import Callable
 
 import dace
-from dace.autodiff.base_abc import BackwardImplementation
+from dace.autodiff.base_abc import BackwardContext, BackwardImplementation, BackwardResult
+from dace.autodiff.utils import add_empty_sdfg_for_node
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.libraries.onnx.op_implementations.normalization_ops import PureDropout
@@ -87,9 +91,9 @@ def _register(op: str, expression, name: str = "pure", constants: tuple[str, ...
     pure_expansion(op, name)(Expansion)
 
 
-def _unary(op: str, expression) -> None:
+def _unary(op: str, expression, name: str = "pure") -> None:
     """Register ``expression(t, x, node)`` for an op of one input."""
-    _register(op, lambda t, operands, node: expression(t, *operands.values(), node))
+    _register(op, lambda t, operands, node: expression(t, *operands.values(), node), name)
 
 
 def _nary(op: str, expression) -> None:
@@ -97,11 +101,109 @@ def _nary(op: str, expression) -> None:
     _register(op, lambda t, operands, node: expression(t, *operands.values()))
 
 
+#: an op's gradients: (t, operands, node) -> Python of each input's gradient, by connector (see _mapped_backward)
+Gradients = Callable[[str, dict[str, str], ONNXOp], dict[str, str]]
+
+
+def _mapped_backward(
+    forward_node: ONNXOp, context: BackwardContext, required: list[str], gradients: Gradients
+) -> tuple[dace.nodes.NestedSDFG, BackwardResult]:
+    """The backward of an elementwise op as one map over its output, as autodiff makes of a map: the gradient of
+    each input in ``required`` is ``gradients(t, operands, node)[connector]``, Python of the inputs' elements
+    (``operands``, named as ``_mapped`` names them), the output's element ``__y`` and its gradient ``__dy``. A
+    broadcast input's gradient is the sum over what it was broadcast to."""
+    y_name = next(iter(forward_node.out_connectors))
+    y = forward_out(forward_node, context, y_name)
+    edges = _inputs_in_order(forward_node, context.forward_state)
+    t = f"dace.{forward_in(forward_node, context, edges[0].dst_conn).dtype.to_string()}"
+    operands = {e.dst_conn: f"__x{k}" for k, e in enumerate(edges)}
+    wanted = {c: g for c, g in gradients(t, operands, forward_node).items() if c in required}
+    code = "\n".join(f"__d{k} = {g}" for k, g in enumerate(wanted.values()))
+    used = set(re.findall(r"\w+", code))
+    reads = [c for c, v in operands.items() if v in used] + ([y_name] if "__y" in used else [])
+    grads = [f"{c}_grad" for c in wanted]
+    node, result = add_empty_sdfg_for_node(forward_node, [*reads, f"{y_name}_grad", *grads], context)
+    nsdfg = node.sdfg
+    shape = list(y.shape) or [1]
+    params = [f"__i{i}" for i in range(len(shape))]
+
+    def element(name: str) -> str:
+        return f"{name}[{', '.join(broadcast_index(nsdfg.arrays[name], shape, params)) or '0'}]"
+
+    inputs = {operands.get(c, "__y"): dace.Memlet(element(c)) for c in reads}
+    inputs["__dy"] = dace.Memlet(element(f"{y_name}_grad"))
+    outputs, summed = {}, []
+    for k, g in enumerate(grads):
+        broadcast = math.prod(nsdfg.arrays[g].shape) != math.prod(shape)
+        outputs[f"__d{k}"] = dace.Memlet(element(g), wcr="lambda a, b: a + b" if broadcast else None)
+        summed += [g] * broadcast
+    body = nsdfg.add_state()
+    if summed:  # the sums start from zero
+        zeroed = nsdfg.add_state_before(body)
+        for g in summed:
+            zero_params = [f"__z{i}" for i in range(len(nsdfg.arrays[g].shape))]
+            zeroed.add_mapped_tasklet(
+                f"{g}_zero",
+                {p: f"0:{s}" for p, s in zip(zero_params, nsdfg.arrays[g].shape)},
+                {},
+                "__o = 0",
+                {"__o": dace.Memlet(f"{g}[{', '.join(zero_params)}]")},
+                external_edges=True,
+            )
+    body.add_mapped_tasklet(
+        f"{forward_node.label}_backward_map",
+        {p: f"0:{s}" for p, s in zip(params, shape)},
+        inputs,
+        code,
+        outputs,
+        external_edges=True,
+    )
+    return node, result
+
+
+def _backward(op: str, gradients: Gradients, applies: Callable[..., bool] = lambda node, state, sdfg: True) -> None:
+    """Register ``gradients(t, operands, node)`` (see ``_mapped_backward``) as the backward of ``op``, where
+    ``applies``."""
+
+    class Backward(BackwardImplementation):
+        @staticmethod
+        def backward_can_be_applied(node, state, sdfg) -> bool:
+            return applies(node, state, sdfg)
+
+        @staticmethod
+        def backward(forward_node, context, given_gradients, required_gradients):
+            return _mapped_backward(forward_node, context, required_gradients, gradients)
+
+    Backward.__name__ = f"{op}Backward"
+    autoregister_params(op=op, name="dcnb")(Backward)
+    default_backward(op)
+
+
 def _elu(t: str, x: str, alpha: float, scale: float = 1.0, by: float = 1.0) -> str:
-    """scale * (x for x > 0, else alpha * (exp(x / by) - 1)): ELU, SELU (scaled), CELU (by alpha)."""
-    # the exponential of the negative part only: exp of a large x is inf, and its derivative times 0 a NaN
-    negative = f"{t}({alpha!r}) * (exp(min({x}, {t}(0)) / {t}({by!r})) - {t}(1))"
-    return f"{t}({scale!r}) * (max({x}, {t}(0)) + {negative})"
+    """scale * x for x > 0, else scale * alpha * (exp(x / by) - 1): ELU, SELU (scaled), CELU (by alpha)."""
+    return f"({x} * {t}({scale!r}) if {x} > {t}(0) else {t}({alpha * scale!r}) * expm1({x} / {t}({by!r})))"
+
+
+def _elu_gradient(t: str, x: str, alpha: float, scale: float = 1.0, by: float = 1.0) -> str:
+    return f"(__dy * {t}({scale!r}) if {x} > {t}(0) else __dy * {t}({alpha * scale / by!r}) * exp({x} / {t}({by!r})))"
+
+
+def _extremum(xs: tuple[str, ...], beyond: str) -> str:
+    """The largest (``beyond`` ">") or smallest ("<") of ``xs``, NaN where one is NaN (torch.maximum, minimum)."""
+    return functools.reduce(lambda a, b: f"({a} if {a} {beyond} {b} or {a} != {a} else {b})", xs)
+
+
+def _extremum_gradients(t: str, operands: dict[str, str], beyond: str) -> dict[str, str]:
+    """torch.maximum's (``beyond`` ">") and minimum's gradients: all of it to the one beyond the other, half to
+    each where they are equal, all to both where one is NaN."""
+    if len(operands) == 1:
+        return {c: "__dy" for c in operands}
+    (ca, a), (cb, b) = operands.items()
+    half = f"__dy / {t}(2)"
+    return {
+        ca: f"({half} if {a} == {b} else ({t}(0) if {b} {beyond} {a} else __dy))",
+        cb: f"({half} if {a} == {b} else ({t}(0) if {a} {beyond} {b} else __dy))",
+    }
 
 
 def _mod(t: str, a: str, b: str, fmod: int) -> str:
@@ -132,13 +234,10 @@ def _clip(t: str, operands: dict[str, str]) -> str:
     return x
 
 
-# gap: DaCe has no implementation of these ONNX ops (nn.Hardsigmoid, Hardswish as in MobileNetV3, ELU, SELU, CELU,
-# Softsign's |x|, torch.atan and kin)
+# gap: DaCe has no implementation of these ONNX ops (nn.Hardsigmoid, Hardswish as in MobileNetV3, Softsign's |x|,
+# torch.atan and kin)
 _unary("HardSigmoid", lambda t, x, n: f"max({t}(0), min({t}(1), {t}({n.alpha!r}) * {x} + {t}({n.beta!r})))")
 _unary("HardSwish", lambda t, x, n: f"{x} * min(max({x} + {t}(3), {t}(0)), {t}(6)) / {t}(6)")
-_unary("Elu", lambda t, x, n: _elu(t, x, n.alpha))
-_unary("Selu", lambda t, x, n: _elu(t, x, n.alpha, scale=n.gamma))
-_unary("Celu", lambda t, x, n: _elu(t, x, n.alpha, by=n.alpha))
 _unary("Abs", lambda t, x, n: f"max({x}, -{x})")  # max's derivative is sign(x), 0 at 0 as PyTorch's
 for _name in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"):
     _unary(_name, lambda t, x, n, f=_name.lower(): f"{f}({x})")
@@ -158,16 +257,48 @@ _unary("Not", lambda t, x, n: f"not {x}")
 # gap: DaCe has no implementation of the ONNX ops IsNaN and IsInf (scaled_dot_product_attention with a boolean mask)
 _unary("IsNaN", lambda t, x, n: f"isnan({x})")
 _unary("IsInf", lambda t, x, n: _is_inf(x, n.detect_negative, n.detect_positive))
-# gap: DaCe has no implementation of the ONNX ops Max, Min (torch.maximum, minimum; variadic) and PRelu
-_nary("Max", lambda t, *xs: functools.reduce(lambda a, b: f"max({a}, {b})", xs))
-_nary("Min", lambda t, *xs: functools.reduce(lambda a, b: f"min({a}, {b})", xs))
-_nary("PRelu", lambda t, x, slope: f"max({x}, {t}(0)) + {slope} * min({x}, {t}(0))")
 # gap: DaCe has no implementation of the ONNX op Mod (%, torch.remainder and fmod); fmod=0 rounds the quotient down
 _register("Mod", lambda t, o, n: _mod(t, o["A"], o["B"], n.fmod), name="pure")
 # gap: DaCe's Pow truncates a constant exponent to an integer (x ** 0.5 computed x ** 0)
 _register("Pow", lambda t, o, n: f"{o['X']} ** {o['Y']}", name="dcnb", constants=("Y",))
 # gap: DaCe's Clip needs both bounds (clamp_min crashed with StopIteration), and constant ones
 _register("Clip", lambda t, o, n: _clip(t, o), name="dcnb", constants=("min", "max"))
+
+# Ops that choose between cases test as PyTorch's kernels do, so that a NaN falls in the case that keeps it: not
+# max(x, 0), which DaCe's C++ makes 0 for NaN. Their backward rules are PyTorch's gradients (the derivative sympy
+# takes of such a test is a step, 0 for NaN, where PyTorch's ReLU passes the gradient on).
+# gap: DaCe's Relu and LeakyRelu are max(x, 0) (+ alpha * min(x, 0)): 0 for NaN, where PyTorch's give NaN
+_unary("Relu", lambda t, x, n: f"({t}(0) if {x} < {t}(0) else {x})", name="dcnb")
+_backward("Relu", lambda t, o, n: {"X": f"({t}(0) if {o['X']} <= {t}(0) else __dy)"})
+_unary("LeakyRelu", lambda t, x, n: f"({x} if {x} > {t}(0) else {x} * {t}({n.alpha!r}))", name="dcnb")
+_backward("LeakyRelu", lambda t, o, n: {"X": f"(__dy if {o['X']} > {t}(0) else __dy * {t}({n.alpha!r}))"})
+# gap: DaCe has no implementation of the ONNX ops Max, Min (torch.maximum, minimum; variadic), PRelu, ELU, SELU, CELU
+for _name, _beyond in (("Max", ">"), ("Min", "<")):
+    _nary(_name, lambda t, *xs, beyond=_beyond: _extremum(xs, beyond))
+    _backward(
+        _name,
+        lambda t, o, n, beyond=_beyond: _extremum_gradients(t, o, beyond),
+        applies=lambda node, state, sdfg: state.in_degree(node) <= 2,
+    )
+_nary("PRelu", lambda t, x, slope: f"({x} if {x} > {t}(0) else {slope} * {x})")
+_backward(
+    "PRelu",
+    lambda t, o, n: {
+        "X": f"(__dy if {o['X']} > {t}(0) else {o['slope']} * __dy)",
+        "slope": f"({t}(0) if {o['X']} > {t}(0) else {o['X']} * __dy)",
+    },
+)
+#: (alpha, scale, by) of _elu for each op of the ELU family
+_ELUS = {
+    "Elu": lambda n: (n.alpha,),
+    "Selu": lambda n: (n.alpha, n.gamma),
+    "Celu": lambda n: (n.alpha, 1.0, n.alpha),
+}
+for _name, _args in _ELUS.items():
+    _unary(_name, lambda t, x, n, args=_args: _elu(t, x, *args(n)))
+    _backward(_name, lambda t, o, n, args=_args: {"X": _elu_gradient(t, o["X"], *args(n))})
+# gap: sympy's derivative of DaCe's Sigmoid, exp(-x) / (1 + exp(-x))**2, is inf / inf = NaN below x = -88 (floats)
+_backward("Sigmoid", lambda t, o, n: {"X": f"__dy * ({t}(1) - __y) * __y"})
 
 
 FLOATS = (dace.float16, dace.float32, dace.float64)

@@ -93,16 +93,25 @@ def _mean(axes, keep, t, count):
     return prog
 
 
+# gap: DaCe's Reduce keeps a NaN only where it comes last (its C++ max(a, b) is b unless a > b), and dcnb's row
+# reduction (fixes/reduce_node.py) never: amax and max(dim) of a NaN gave a number, PyTorch's give NaN. The sum of
+# the NaNs alone (0 where there are none) is added in: a pass of its own, the maxima's loop staying a vector one.
 def _max(axes, keep, t, count):
+    zero = t(0)
+
     def prog(data, reduced):
-        reduced[:] = np.maximum.reduce(data, axis=axes, keepdims=keep)
+        nans = np.add.reduce(dace.elementwise(lambda v: v if v != v else zero, data), axis=axes, keepdims=keep)
+        reduced[:] = np.maximum.reduce(data, axis=axes, keepdims=keep) + nans
 
     return prog
 
 
 def _min(axes, keep, t, count):
+    zero = t(0)
+
     def prog(data, reduced):
-        reduced[:] = np.minimum.reduce(data, axis=axes, keepdims=keep)
+        nans = np.add.reduce(dace.elementwise(lambda v: v if v != v else zero, data), axis=axes, keepdims=keep)
+        reduced[:] = np.minimum.reduce(data, axis=axes, keepdims=keep) + nans
 
     return prog
 
@@ -129,9 +138,12 @@ def _l2(axes, keep, t, count):
 
 
 def _log_sum_exp(axes, keep, t, count):
-    # stable: the maximum out of every exponential, so that none overflows
+    zero = t(0)
+
+    # stable: the maximum out of every exponential, so that none overflows; an infinite maximum is not taken out (as
+    # PyTorch's logsumexp: inf - inf would be NaN)
     def prog(data, reduced):
-        top = np.maximum.reduce(data, axis=axes, keepdims=True)
+        top = dace.elementwise(lambda v: zero if isinf(v) else v, np.maximum.reduce(data, axis=axes, keepdims=True))
         total = np.add.reduce(np.exp(data - top), axis=axes, keepdims=True)
         reduced[:] = np.reshape(top + np.log(total), reduced.shape)
 
@@ -216,59 +228,70 @@ def _per_output(
     prologue: str,
     passes: list[str],
     epilogue: str = "",
+    backwards: tuple[int, ...] = (),
 ) -> str:
     """C++ visiting every output element: ``prologue``, then each of ``passes`` once for every input element that
-    reduces into it, then ``epilogue``. All see ``yi``, the output's offset, and the index ``i<axis>``; the passes
-    see ``xi``, the input element's offset, too. (Plain locals per output: no scratch arrays, which CUDA's device
-    code could not allocate.)"""
+    reduces into it (from the last to the first for the passes numbered in ``backwards``), then ``epilogue``. All
+    see ``yi``, the output's offset, and the index ``i<axis>``; the passes see ``xi``, the input element's offset,
+    too. (Plain locals per output: no scratch arrays, which CUDA's device code could not allocate.)"""
     index = [f"i{k}" for k in range(len(x.shape))]
     kept = [k for k in range(len(x.shape)) if k not in axes]
     outer, outer_tail = loops([index[k] for k in kept], [x.shape[k] for k in kept])
     inner, inner_tail = loops([index[a] for a in axes], [x.shape[a] for a in axes])
-    each = "".join(inner + f"const long long xi = {offset(x, index)};\n" + body + inner_tail for body in passes)
+    down = "".join(f"for (long long {index[a]} = {x.shape[a]} - 1; {index[a]} >= 0; --{index[a]}) {{\n" for a in axes)
+    each = "".join(
+        (down if k in backwards else inner) + f"const long long xi = {offset(x, index)};\n" + body + inner_tail
+        for k, body in enumerate(passes)
+    )
     output = f"const long long yi = {offset(y, _projected(index, axes, keepdims))};\n"
     return outer + output + prologue + each + epilogue + outer_tail
 
 
 def _extremum_backward(forward_node, context):
-    """Max/Min: the output gradient goes to the input elements equal to the output, split evenly among ties (as
-    PyTorch's amax and amin; its max(dim) picks one of them, the same where the maximum is unique)."""
+    """Max/Min: the output gradient goes to the input elements equal to the output (to its NaNs, where it is NaN),
+    split evenly among them, the others' being 0: as PyTorch's x.max() and amax (whose others are 0 times the
+    gradient: NaN where that is not finite); its max(dim) picks one of them, the same where there is one."""
     axes = reduced_axes(forward_node, context.forward_state, context.forward_sdfg)
     x, y = forward_in(forward_node, context, "data"), forward_out(forward_node, context, "reduced")
+    hit = "(x == y || (x != x && y != y))"
     body = _per_output(
         x,
         y,
         axes,
         bool(forward_node.keepdims),
-        "long long ties = 0;\n",
+        "long long ties = 0;\nconst auto y = reduced[yi];\n",
         [
-            "if (data[xi] == reduced[yi]) ++ties;\n",
+            f"const auto x = data[xi];\nif {hit} ++ties;\n",
             # loaded before choosing with them (fixes/cpp.py: GCC's masked loads)
-            "const auto x = data[xi];\nconst auto dy = reduced_grad[yi];\n"
-            + "data_grad[xi] = x == reduced[yi] ? dy / ties : 0;\n",
+            f"const auto x = data[xi];\nconst auto dy = reduced_grad[yi];\ndata_grad[xi] = {hit} ? dy / ties : 0;\n",
         ],
     )
     return cpp_backward(forward_node, context, ["data", "reduced", "reduced_grad", "data_grad"], body)
 
 
 def _prod_backward(forward_node, context):
-    """ReduceProd: each element's gradient is the product of the others, which dividing the product by the
-    element gives only where it is not zero: the product of the non-zero elements and their zeros are counted."""
+    """ReduceProd, as PyTorch's: dy * (prod / x) where the input holds no zero, else dy times the product of the
+    elements before x in its slice and that of those after it (a division would be 0 / 0 at a zero, and NaN at an
+    infinity or NaN that the others' product holds without it)."""
     axes = reduced_axes(forward_node, context.forward_state, context.forward_sdfg)
     x, y = forward_in(forward_node, context, "data"), forward_out(forward_node, context, "reduced")
-    body = _per_output(
+    every = [f"j{k}" for k in range(len(x.shape))]
+    head, tail = loops(every, x.shape)
+    body = "long long zeros = 0;\n" + head + f"zeros += {at('data', x, every)} == 0;\n" + tail
+    body += _per_output(
         x,
         y,
         axes,
         bool(forward_node.keepdims),
-        "double others = 1;\nlong long zeros = 0;\n",
+        # the products in the data's type, as PyTorch's: in double, a product could come back from beyond float's
+        f"const auto dy = reduced_grad[yi];\nconst auto y = reduced[yi];\n{x.dtype.ctype} before = 1, after = 1;\n",
         [
-            "if (data[xi] == 0) ++zeros; else others *= data[xi];\n",
-            "const auto x = data[xi];\nconst auto dy = reduced_grad[yi];\nconst long long z = zeros - (x == 0);\n"
-            + "data_grad[xi] = z ? 0 : dy * (x == 0 ? others : others / x);\n",
+            "const auto x = data[xi];\ndata_grad[xi] = zeros ? before : dy * (y / x);\nbefore *= x;\n",
+            "if (zeros) {\nconst auto x = data[xi];\ndata_grad[xi] = dy * (data_grad[xi] * after);\nafter *= x;\n}\n",
         ],
+        backwards=(1,),
     )
-    return cpp_backward(forward_node, context, ["data", "reduced_grad", "data_grad"], body)
+    return cpp_backward(forward_node, context, ["data", "reduced", "reduced_grad", "data_grad"], body)
 
 
 def _typed(forward_node, context) -> str:
@@ -284,9 +307,10 @@ BACKWARD: dict[str, Callable] = {
     "ReduceL1": lambda n, c: _map_backward(
         n, c, f"__dy * ({_typed(n, c)}(__x > 0) - {_typed(n, c)}(__x < 0))", ("data",)
     ),
-    # 0 where the norm is 0, as PyTorch's (the subgradient it picks)
+    # 0 where the norm is 0, as PyTorch's (the subgradient it picks); divided first, as PyTorch's: a norm overflowed
+    # to inf gives 0, not inf / inf
     "ReduceL2": lambda n, c: _map_backward(
-        n, c, f"(__dy * __x / __y) if __y != 0 else {_typed(n, c)}(0)", ("data", "reduced")
+        n, c, f"__x * (__dy / __y) if __y != 0 else {_typed(n, c)}(0)", ("data", "reduced")
     ),
     "ReduceLogSumExp": lambda n, c: _map_backward(n, c, "__dy * exp(__x - __y)", ("data", "reduced")),
 }

@@ -31,12 +31,13 @@ def _ordered(node, x, values, inside: str) -> str:
     def element(at: str) -> str:
         return offset(x, [at if d == axis else v for d, v in enumerate(index)])
 
-    before = "a > b" if node.largest else "a < b"
+    # NaN is above every number, as PyTorch sorts it: first of the largest, last of the smallest
+    before = "a > b || (a != a && b == b)" if node.largest else "a < b || (a == a && b != b)"
     body = f"std::vector<long long> order({size});\nfor (long long j = 0; j < {size}; ++j) order[j] = j;\n"
     body += (
         f"std::partial_sort(order.begin(), order.begin() + {k}, order.end(), [&](long long p, long long q) {{\n"
         f"const auto a = X[{element('p')}];\nconst auto b = X[{element('q')}];\n"
-        f"return {before} || (a == b && p < q);\n}});\n"
+        f"return {before} || ((a == b || (a != a && b != b)) && p < q);\n}});\n"
     )
     at_rank = [v if d != axis else "r" for d, v in enumerate(index)]
     body += f"for (long long r = 0; r < {k}; ++r) {{\n"
