@@ -5,7 +5,8 @@ DaCe's code generation is not thread-safe and changes its global configuration, 
 its own (forked.Child, leading its process group). It is forked when its step is made, on the thread
 that applies steps (forking while that thread is inside DaCe could copy a lock it holds), and then waits on a pipe
 until a thread of the session gives it its turn: one build at a time, at a lower priority, so that queued builds do
-not crowd the cores the steps are compiled and timed on. It goes through ``build.build(..., "cuda")`` as a step on a
+not crowd the cores the steps are compiled and timed on, and none runs while a step is timed (``quiet``): a BERT-base
+layer's timings were taken with earlier steps' builds competing for the cores. It goes through ``build.build(..., "cuda")`` as a step on a
 GPU does, so it is cached by content, the architecture in the key.
 """
 
@@ -18,7 +19,8 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dace
@@ -34,6 +36,9 @@ ARCHES = ("80", "86", "89", "90")
 DEFAULT_ARCH = "90"
 
 PENDING, OK, FAILED, SKIPPED = "pending", "ok", "failed", "skipped"
+
+#: what a build builds: the forward and backward SDFGs, or a function making them
+Sides = list[dace.SDFG | None] | Callable[[], list[dace.SDFG | None]]
 
 
 def arch(value: str, option: str = "cuda_arch") -> str:
@@ -140,6 +145,37 @@ class _Job:
     status: CudaBuild
 
 
+#: every session's builds in this process, which ``quiet`` stops
+_ALL: weakref.WeakSet[Builds] = weakref.WeakSet()
+#: set while no step is timed: a build starts, or goes on, only then
+_UNTIMED = threading.Event()
+_UNTIMED.set()
+_TIMED = threading.Lock()
+_timed = 0
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No CUDA build runs inside (a step being timed, of any session): the running ones are stopped with their
+    compilers (SIGSTOP) and go on afterwards, their time limits moved by the pause; queued ones start afterwards."""
+    global _timed
+    with _TIMED:
+        _timed += 1
+        if _timed == 1:
+            _UNTIMED.clear()
+            for builds in list(_ALL):
+                builds._pause()
+    try:
+        yield
+    finally:
+        with _TIMED:
+            _timed -= 1
+            if _timed == 0:
+                for builds in list(_ALL):
+                    builds._resume()
+                _UNTIMED.set()
+
+
 class Builds:
     """A session's CUDA builds for one architecture, run in order by a thread of their own; ``close`` stops them
     (the session does on being collected and at exit)."""
@@ -152,9 +188,29 @@ class Builds:
         self._lock = threading.Lock()
         self._closed = False
         self._thread: threading.Thread | None = None
+        #: the build given its turn and not yet ended, and since when it is paused (None: running)
+        self._running: _Job | None = None
+        self._paused_at: float | None = None
+        self._paused_for = 0.0
+        _ALL.add(self)
 
-    def start(self, sdfgs: list[dace.SDFG | None]) -> CudaBuild:
-        """Queue a CUDA build of ``sdfgs`` (as they are before the build passes); call on the thread running DaCe."""
+    def _pause(self) -> None:
+        with self._lock:
+            if self._running is not None and self._paused_at is None:
+                self._running.child.pause()
+                self._paused_at = time.monotonic()
+
+    def _resume(self) -> None:
+        with self._lock:
+            if self._paused_at is not None:
+                self._paused_for += time.monotonic() - self._paused_at
+                self._paused_at = None
+                if self._running is not None:
+                    self._running.child.resume()
+
+    def start(self, sdfgs: Sides) -> CudaBuild:
+        """Queue a CUDA build of ``sdfgs`` (as they are before the build passes; or the function that makes them, in
+        the build's process); call on the thread running DaCe."""
         if not nvcc_present():
             return CudaBuild(self.arch, SKIPPED, "no nvcc")
         status = CudaBuild(self.arch)
@@ -199,16 +255,30 @@ class Builds:
     def _one(self, job: _Job) -> None:
         try:
             limit = builder.compile_timeout()
-            os.write(job.go, b"g")
+            while not _UNTIMED.wait(0.1) and not self._closed:
+                pass  # a step is being timed: this build waits for its turn until it is done
+            with self._lock:
+                os.write(job.go, b"g")
+                self._running, self._paused_for = job, 0.0
+                if not _UNTIMED.is_set():  # a timing began just now: paused from its start
+                    job.child.pause()
+                    self._paused_at = time.monotonic()
         except (DcnbError, OSError) as e:  # a bad DCNB_COMPILE_TIMEOUT; a child stopped already
             job.status._end(FAILED, reason="stopped with its session" if self._closed else first_line(e))
             return
-        deadline = time.monotonic() + limit
+        try:
+            self._await(job, time.monotonic() + limit, limit)
+        finally:
+            with self._lock:
+                self._running, self._paused_at = None, None
+
+    def _await(self, job: _Job, deadline: float, limit: float) -> None:
         while True:
             with self._lock:
                 if job.child.done():
                     break
-                if time.monotonic() > deadline:
+                paused = self._paused_for + (0.0 if self._paused_at is None else time.monotonic() - self._paused_at)
+                if time.monotonic() > deadline + paused:
                     job.child.kill()
                     job.status._end(
                         FAILED,
@@ -232,10 +302,10 @@ class Builds:
             job.status._end(OK, seconds=float(seconds))
 
 
-def _build(wait: int, go: int, sdfgs: list[dace.SDFG | None], arch: str) -> float:
+def _build(wait: int, go: int, sdfgs: Sides, arch: str) -> float:
     """In the forked process: wait for this build's turn, then build for CUDA; the seconds it took."""
     os.close(go)  # the parent's end: with it closed here, a parent gone leaves the read below at its end
     if os.read(wait, 1) != b"g":
         raise CompileError("stopped before its turn")
     os.nice(10)  # behind the steps the session compiles and times
-    return builder.build(sdfgs, "cuda", cuda_arch=arch).seconds
+    return builder.build(sdfgs() if callable(sdfgs) else sdfgs, "cuda", cuda_arch=arch).seconds

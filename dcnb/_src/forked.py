@@ -88,9 +88,19 @@ class Child:
         return self._stage.read().decode()
 
     def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def pause(self) -> None:
+        """Stop the process and every process it started (the compiler) until ``resume``."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, number: int) -> None:
         if self.status is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, number)
 
     def reap(self) -> None:
         if self.status is None:

@@ -62,7 +62,7 @@ class Calls:
     timed: Callable[[Runner], Callable[[], None]]
     #: forward and backward through PyTorch eager, as its baseline is timed
     eager: Callable[[], None]
-    #: a block that leaves the user's module as it was (as the session's timing does)
+    #: a block that leaves the user's module as it was and runs no background CUDA build (as the session's timing)
     preserved: Callable[[], contextlib.AbstractContextManager]
 
 
@@ -242,7 +242,7 @@ class Session:
             imported=self._imported,
             timed=lambda runner: self._baselines.call(self._dcnb_module(runner)),
             eager=self._baselines.call(self._module),
-            preserved=lambda: verify.preserved(self._module, self.training),
+            preserved=lambda: _timed_alone(self._module, self.training),
         )
 
     @property
@@ -545,7 +545,8 @@ class Session:
         timings, timing_notes = {}, ()
         if self._timed:
             self._progress("timing")
-            timings, timing_notes = self._baselines.time(candidate)
+            with cuda_check.quiet():  # no background CUDA build competes for the cores
+                timings, timing_notes = self._baselines.time(candidate)
         step = Step(
             index=index,
             name=name,
@@ -560,10 +561,31 @@ class Session:
             counts={"forward": program.counts(forward_sdfg), "backward": program.counts(backward_sdfg)},
             notes=notes + timing_notes,
             # forked only now: the build made above and the timing do not share the cores with it
-            cuda=None if self._cuda_builds is None else self._cuda_builds.start([prog.forward, prog.backward]),
+            cuda=None if self._cuda_builds is None else self._cuda_builds.start(self._for_cuda(pre, prog, applied)),
         )
         variants = {self._signature(): self._variant(runner)}
         return _State(pre, prog, (forward_sdfg, backward_sdfg), runner, applied, step, Analysis(index), variants)
+
+    def _for_cuda(self, pre: dace.SDFG, prog: Program, applied: tuple[Entry, ...]) -> cuda_check.Sides:
+        """What a step's CUDA build builds: the step's SDFGs, or where an action of its recipe makes something for
+        the device it runs for (auto_optimize: the CPU's BLAS calls, expanded) or is for the CPU only
+        (vectorization: CPU vector types), the SDFGs the recipe makes on a GPU, made in the build's process:
+        autodiff again, then the actions after it, for CUDA, those offered there."""
+        after = [actions.get(a.name) for a in applied if not actions.get(a.name).before_autodiff]
+        if not any(a.for_device or "cuda" not in a.devices for a in after):
+            return [prog.forward, prog.backward]
+        entries = [a for a in applied if a.name in {action.name for action in after if "cuda" in action.devices}]
+
+        def made() -> list[dace.SDFG | None]:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                again = program.differentiate(pre, self._imported, self._wrt() if self.backward else [])
+                for entry in entries:
+                    for side in _sides(again):
+                        _run(actions.get(entry.name), side, entry, "cuda", strict=False)
+            return [again.forward, again.backward]
+
+        return made
 
     def _wrt(self) -> list[str]:
         imp = self._imported
@@ -588,6 +610,12 @@ class Session:
     def _dcnb_module(self, runner: Runner) -> DcnbModule:
         """A module running ``runner`` (a step's candidate) for the example's signature only."""
         return DcnbModule(self._module, OneBuild(self._call, self._signature(), self._variant(runner)), self.training)
+
+
+@contextlib.contextmanager
+def _timed_alone(module: nn.Module, training: bool) -> Iterator[None]:
+    with verify.preserved(module, training), cuda_check.quiet():
+        yield
 
 
 class _Builds:

@@ -16,7 +16,7 @@ from dace.config import Config, temporary_config
 from torch import nn
 
 import dcnb
-from dcnb._src import build, cuda_check
+from dcnb._src import build, cuda_check, timing
 from dcnb._src.views import render
 from dcnb._src.views.widget import SessionWidget
 from tests.hf_models import MODELS
@@ -101,6 +101,40 @@ def test_the_hugging_face_models_build_for_cuda(model):
     assert all("__global__" in cuda for _, cuda in _cuda_sources(session))
 
 
+class PreNormBlock(nn.Module):
+    """A pre-norm transformer block written by hand: LayerNorm, 4-head attention, LayerNorm, a GELU MLP."""
+
+    def __init__(self, dim: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
+        q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        attention = torch.softmax(q @ k.transpose(-2, -1) / (c // self.heads) ** 0.5, dim=-1) @ v
+        x = x + self.out(attention.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+@pytest.mark.cuda
+def test_every_step_of_a_transformer_block_builds_for_cuda():
+    """The steps a user takes in the widget, one after the other, each built for CUDA in the background (after
+    auto_optimize the CPU's BLAS calls reached the CUDA build: "identifier CblasColMajor is undefined")."""
+    torch.manual_seed(0)
+    session = dcnb.optimize(PreNormBlock(), torch.randn(2, 16, 32), baselines=(), time_budget=0.0, cuda_build=True)
+    for name in ("auto_optimize", "vectorization", "tasklet_fusion", "fuse_rows", "map_fusion"):
+        session.apply(name)
+    good = [step for step in session.history if step.ok]
+    assert [s.name for s in good][:3] == ["naive", "auto_optimize", "vectorization"], session.as_text()
+    for step in good:
+        cuda = _ended(step)
+        assert cuda.state == "ok", (step.name, cuda.text, cuda.log and cuda.log[-3000:])
+
+
 # --- the CUDA build every CPU step also makes in the background ---------------------------------------------------
 
 #: seconds a test waits for the background builds queued before it ends (each takes about a minute here)
@@ -138,6 +172,39 @@ def test_every_cpu_step_builds_for_cuda_in_the_background(fresh_cache):
     # cached by content: the same step built again takes nothing
     again = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0, cuda_build=True)
     assert _ended(again.current).text == "CUDA build: ok (sm_90, cached)"
+
+
+def _states(pid: int) -> set[str]:
+    """The run states (/proc's: R, S, T for stopped, ...) of a process group's processes: a build and its compilers."""
+    found = set()
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a process that ended meanwhile
+            continue
+        if int(fields[2]) == pid:  # its process group
+            found.add(fields[0])
+    return found
+
+
+def test_a_background_build_is_stopped_while_a_step_is_timed(fresh_cache, monkeypatch):
+    """A step's timing has the cores to itself: the CUDA build of an earlier step (a minute of nvcc here) is stopped
+    with its compilers while it is timed, and goes on afterwards."""
+    session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0, cuda_build=True)
+    builds = session._cuda_builds
+    deadline = time.monotonic() + 30
+    while builds._running is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = builds._running.child.pid
+    seen = []
+    time_step = timing.Baselines.time
+    monkeypatch.setattr(timing.Baselines, "time", lambda self, c: seen.append(_states(pid)) or time_step(self, c))
+    try:
+        assert session.apply("tasklet_fusion").ok
+        assert seen and seen[0] == {"T"}, seen  # every process of the build stopped
+        assert "T" not in _states(pid) and session.history[0].cuda.state == "pending"
+    finally:
+        builds.close()
 
 
 def test_a_step_that_does_not_build_for_cuda_says_why_and_stays_good(monkeypatch):

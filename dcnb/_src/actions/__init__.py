@@ -67,6 +67,9 @@ class Action:
     run: Callable[[dace.SDFG, Where, dict, str], int]
     #: devices ("cpu", "cuda") the action is offered on
     devices: tuple[str, ...] = ("cpu", "cuda")
+    #: whether what it makes depends on the device it runs for (auto_optimize's library choices): a CPU step's
+    #: CUDA build applies it again for CUDA
+    for_device: bool = False
     #: why_not(sdfg, where, options) -> reasons the action left candidate places alone (for "matches nothing")
     why_not: Callable[[dace.SDFG, Where, dict], list[str]] | None = None
     #: places(sdfg, where, options) -> each place it applies, as the labels and nodes there: ``where`` set to
@@ -379,6 +382,7 @@ register(
         before_autodiff=False,
         count=lambda sdfg, where, options: int(where is None),
         run=_auto_optimize,
+        for_device=True,
     )
 )
 
