@@ -17,9 +17,15 @@ export interface Bar {
 
 export interface Chart {
   top: number;
+  // the value at the bottom of the box: 0 on a linear scale, a little below the smallest median on a log scale
+  bottom: number;
+  log: boolean;
   bars: Bar[];
   lines: Record<string, { x: number; y: number }[]>;
 }
+
+// medians spread wider than this go on a log scale: a slow naive step (153 ms) flattened every later one (0.5 ms)
+export const LOG_SPREAD = 20;
 
 // Bars of dcnb's median per ok step, and torch's and torch.compile's medians as lines, scaled to the box.
 export function chart(steps: StepData[], width: number, height: number): Chart | null {
@@ -27,14 +33,19 @@ export function chart(steps: StepData[], width: number, height: number): Chart |
   if (timed.length === 0) {
     return null;
   }
-  const top = Math.max(...timed.flatMap(s => Object.values(s.timings).map(t => t.median))) * 1.1;
+  const medians = timed.flatMap(s => Object.values(s.timings).map(t => t.median)).filter(m => m > 0);
+  const top = Math.max(...medians) * 1.1;
+  const log = medians.length > 0 && top / Math.min(...medians) > LOG_SPREAD;
+  const bottom = log ? Math.min(...medians) / 3 : 0;
+  // the height of a value above the bottom of the box
+  const rise = (v: number) =>
+    log ? (height * Math.log(Math.max(v, bottom) / bottom)) / Math.log(top / bottom) : (v * height) / top;
   // a bar is never wider than 60px, so one step does not fill the chart
   const slot = Math.min(width / timed.length, 60);
-  const scale = height / top;
   const lines: Record<string, { x: number; y: number }[]> = {};
   for (const [name] of BASELINES.slice(1)) {
     const points = timed
-      .map((s, i) => (s.timings[name] ? { x: (i + 0.5) * slot, y: height - s.timings[name].median * scale } : null))
+      .map((s, i) => (s.timings[name] ? { x: (i + 0.5) * slot, y: height - rise(s.timings[name].median) } : null))
       .filter((p): p is { x: number; y: number } => p !== null);
     if (points.length) {
       lines[name] = points;
@@ -42,11 +53,13 @@ export function chart(steps: StepData[], width: number, height: number): Chart |
   }
   return {
     top,
+    bottom,
+    log,
     bars: timed.map((s, i) => ({
       index: s.index,
       x: i * slot + 2,
       width: Math.max(slot - 4, 1),
-      height: s.timings.dcnb.median * scale
+      height: rise(s.timings.dcnb.median)
     })),
     lines
   };
@@ -61,7 +74,9 @@ export function historyChart(steps: StepData[]): SVGSVGElement | null {
   }
   const root = svg('svg', { class: 'dcnb-chart', width: width + 40, height: height + 48 });
   const title = svg('text', { x: 0, y: 11 });
-  title.textContent = `median ms per step (top ${c.top.toPrecision(3)})`;
+  title.textContent = c.log
+    ? `median ms per step, log scale (${c.bottom.toPrecision(2)} to ${c.top.toPrecision(3)})`
+    : `median ms per step (top ${c.top.toPrecision(3)})`;
   root.appendChild(title);
   let x = 0;
   for (const [key, name] of BASELINES) {

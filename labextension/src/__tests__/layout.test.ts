@@ -193,4 +193,16 @@ test('the chart has a bar per timed step and a line per baseline', () => {
   assert.ok(Math.abs(c.bars[0].height - 50 / 1.1) < 1e-9);
   assert.deepEqual(Object.keys(c.lines), ['torch']);
   assert.equal(chart([step(0, false)], 100, 50), null);
+  assert.ok(!c.log && c.bottom === 0);
+});
+
+test('medians spread wider than 20x go on a log scale, where a fast step keeps a bar to see', () => {
+  // the widget's transformer block: a 153 ms naive step, then 0.5 ms ones, eager at 0.9 ms
+  const c = chart([step(0, true, 153, 0.9), step(1, true, 0.5, 0.9), step(2, true, 0.45, 0.9)], 100, 50)!;
+  assert.ok(c.log && c.bottom > 0 && c.bottom < 0.45);
+  assert.ok(c.bars[1].height > 5, `a 0.5 ms bar ${c.bars[1].height}px high`);
+  assert.ok(c.bars[0].height > c.bars[1].height && c.bars[1].height > c.bars[2].height);
+  // eager's line sits between the fast steps' bars and the slow one's top
+  const eager = 50 - c.lines.torch[1].y;
+  assert.ok(eager > c.bars[1].height && eager < c.bars[0].height);
 });
