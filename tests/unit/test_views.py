@@ -423,6 +423,24 @@ def test_the_chart_shows_the_baselines_of_a_single_step():
     assert svg.count("<circle") == 2 and "torch eager" in svg and "torch.compile" in svg
 
 
+def test_the_chart_goes_on_a_log_scale_where_the_medians_spread_wide(browser, artifacts):
+    """A slow naive step (153 ms) beside 0.5 ms ones: on a linear scale the fast bars were a pixel high."""
+    steps = [
+        Step(i, name, {}, None, ok=True, timings={"dcnb": Timing.of([ms]), "torch": Timing.of([0.9])})
+        for i, (name, ms) in enumerate((("naive", 153.0), ("tasklet_fusion", 0.5), ("vectorization", 0.45)))
+    ]
+    svg = render.chart_svg(steps)
+    assert "log scale (0.15 to 168)" in svg
+    heights = [float(h) for h in re.findall(r'<rect [^>]*height="([\d.]+)"', svg)]
+    assert heights[0] > heights[1] > heights[2] > 10, heights
+    linear = render.chart_svg(steps[1:])  # within 20x of each other: the linear scale, from zero
+    assert "(top 0.99)" in linear
+    page = browser.new_page()
+    page.set_content(f"<body style='margin:0;background:white'>{svg}</body>")
+    page.locator("svg").screenshot(path=str(artifacts / "chart-log-scale.png"))
+    page.close()
+
+
 def test_view_code(tmp_path):
     """The labextension's view code (layout, tables, chart, the graph view on a fake DOM) under node's test runner."""
     npm = shutil.which("npm")

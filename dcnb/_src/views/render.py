@@ -151,29 +151,44 @@ def table_html(table: Table) -> str:
     return f"<table class='dcnb-table dcnb-{table.kind}'{_TABLE}>{caption}{''.join(rows)}</table>"
 
 
+#: medians spread wider than this go on a log scale (labextension/src/chart.ts's LOG_SPREAD)
+LOG_SPREAD = 20
+
+
 def chart_svg(steps: list[Step], width: int = 360, height: int = 120) -> str:
     """Median ms per step as bars (dcnb), with torch eager and torch.compile as lines; empty without timings."""
     timed = [s for s in steps if s.ok and "dcnb" in s.timings]
     if not timed:
         return ""
-    top = max(max(t.median for t in s.timings.values()) for s in timed) * 1.1
+    medians = [t.median for s in timed for t in s.timings.values() if t.median > 0]
+    top = max(medians, default=1.0) * 1.1
+    # as the live view's chart (labextension/src/chart.ts): medians spread wider than LOG_SPREAD on a log scale,
+    # whose bottom is a third of the smallest, so that a slow naive step does not flatten the fast ones
+    log = bool(medians) and top / min(medians) > LOG_SPREAD
+    bottom = min(medians) / 3 if log else 0.0
     # a bar is never wider than 60px, so that one step does not fill the chart; the title and the legend take
     # two lines above the plot
     pad, bar = 40, min((width - 40) / len(timed), 60)
-    scale = (height - pad) / top
+
+    def rise(value: float) -> float:
+        if log:
+            return (height - pad) * math.log(max(value, bottom) / bottom) / math.log(top / bottom)
+        return (height - pad) * value / top
+
+    title = f"median ms per step, log scale ({bottom:.2g} to {top:.3g})" if log else f"median ms per step (top {top:.3g})"
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
         'font-family="sans-serif" font-size="10"><title>median ms per step</title>',
-        f'<text x="2" y="10">median ms per step (top {top:.3g})</text>',
+        f'<text x="2" y="10">{title}</text>',
     ]
     for i, s in enumerate(timed):
-        h = s.timings["dcnb"].median * scale
+        h = rise(s.timings["dcnb"].median)
         x = 30 + i * bar
         out.append(f'<rect x="{x + 2:.1f}" y="{height - 14 - h:.1f}" width="{bar - 4:.1f}" height="{h:.1f}" fill="#4a7bd0"/>')
         out.append(f'<text x="{x + 2:.1f}" y="{height - 2}">{s.index}</text>')
     for name, colour in (("torch", "#d9534f"), ("torch_compile", "#5cb85c")):
         points = [
-            (30 + (i + 0.5) * bar, height - 14 - s.timings[name].median * scale)
+            (30 + (i + 0.5) * bar, height - 14 - rise(s.timings[name].median))
             for i, s in enumerate(timed)
             if name in s.timings
         ]
