@@ -137,6 +137,17 @@ export class GraphView {
     this.redraw(fresh);
   }
 
+  // The name the view shows for a label a selection or a place holds: its node's readable name in this picture
+  // (the first node of that label), else the label as it is.
+  nameOf(label: string): string {
+    for (const node of this.tree?.byId.values() ?? []) {
+      if (node.label === label) {
+        return displayName(node);
+      }
+    }
+    return label;
+  }
+
   setSelection(labels: string[]): void {
     this.selected = new Set(labels);
     if (!labels.length) {

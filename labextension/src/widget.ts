@@ -450,7 +450,10 @@ export class SessionView extends DOMWidgetView {
       this.selectionLine.textContent = 'Actions apply everywhere; select nodes in the graph to narrow them.';
       return;
     }
-    this.selectionLine.appendChild(document.createTextNode(`Actions apply where: ${where.join(', ')} `));
+    // by the names the graph draws; DaCe's labels (what a recipe keeps) in the tooltip
+    const names = where.map(label => this.graphView.nameOf(label));
+    this.selectionLine.appendChild(document.createTextNode(`Actions apply where: ${names.join(', ')} `));
+    this.selectionLine.title = where.join(', ');
     const clear = el('button', 'dcnb-small', 'clear');
     clear.addEventListener('click', () => this.setSelection([]));
     this.selectionLine.appendChild(clear);

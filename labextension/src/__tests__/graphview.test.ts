@@ -111,6 +111,9 @@ test('a click on a node shows everything in its info, and selects it by its labe
   const text = all(parts.details).map(e => e.textContent);
   assert.ok(text.includes('x * w') && text.includes('DaCe name') && text.includes('_Mult_') && text.includes('out = a * b'));
   assert.ok(drawn(parts.root).get('s0n1.t')!.classList.contains('dcnb-selected'));
+  // the selection line names it as the graph does; a label not in the picture stays as it is
+  assert.equal(parts.view.nameOf('_Mult_'), 'x * w');
+  assert.equal(parts.view.nameOf('elsewhere'), 'elsewhere');
   parts.view.dispose();
 });
 
