@@ -198,10 +198,21 @@ def test_a_background_build_is_stopped_while_a_step_is_timed(fresh_cache, monkey
     pid = builds._running.child.pid
     seen = []
     time_step = timing.Baselines.time
-    monkeypatch.setattr(timing.Baselines, "time", lambda self, c: seen.append(_states(pid)) or time_step(self, c))
+
+    def stopped() -> set[str]:
+        # a signal is delivered when the process next enters the kernel: within a scheduler tick
+        deadline = time.monotonic() + 2
+        while (states := _states(pid)) != {"T"} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return states
+
+    monkeypatch.setattr(timing.Baselines, "time", lambda self, c: seen.append(stopped()) or time_step(self, c))
     try:
         assert session.apply("tasklet_fusion").ok
         assert seen and seen[0] == {"T"}, seen  # every process of the build stopped
+        deadline = time.monotonic() + 2
+        while "T" in _states(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert "T" not in _states(pid) and session.history[0].cuda.state == "pending"
     finally:
         builds.close()
