@@ -6,8 +6,8 @@ its own (forked.Child, leading its process group). It is forked when its step is
 that applies steps (forking while that thread is inside DaCe could copy a lock it holds), and then waits on a pipe
 until a thread of the session gives it its turn: one build at a time, at a lower priority, so that queued builds do
 not crowd the cores the steps are compiled and timed on, and none runs while a step is timed (``quiet``): a BERT-base
-layer's timings were taken with earlier steps' builds competing for the cores. It goes through ``build.build(..., "cuda")`` as a step on a
-GPU does, so it is cached by content, the architecture in the key.
+layer's timings were taken with earlier steps' builds competing for the cores. It goes through
+``build.build(..., "cuda")`` as a step on a GPU does, so it is cached by content, the architecture in the key.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class Runner:
         self.params = list(imported.param_paths)
         self.names = imported.inputs + self.params
         #: (create_graph=True) gradients that are differentiable themselves, which the compiled backward's are not
-        self.again = again
+        self.again: Callable[[list, list], list] = again or _no_second_derivative
         fwd = program.forward
         # (name, shape, dtype) worked out once: DaCe's descriptors are slow to read on every call
         self.outputs = [_spec(name, fwd.arrays[name]) for name in imported.outputs]
@@ -291,7 +291,7 @@ class _Apply(torch.autograd.Function):
         runner = ctx.runner
         grad_outputs = list(grad_outputs[: len(runner.outputs)])
         if torch.is_grad_enabled():  # create_graph=True
-            return (None, *_again(runner, list(ctx.tensors), grad_outputs))
+            return (None, *runner.again(list(ctx.tensors), grad_outputs))
         grads = runner.backward(dict(zip(ctx.names, ctx.saved_tensors)), grad_outputs)
         given = [g is not None for g in grad_outputs]
         return (
@@ -303,13 +303,12 @@ class _Apply(torch.autograd.Function):
         )
 
 
-def _again(runner: Runner, tensors: list[torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
-    if runner.again is None:
-        raise DcnbError(
-            "a gradient of a gradient (create_graph=True) through this compiled module was asked for, but it has "
-            "no way to make one: use Session.module"
-        )
-    return runner.again(tensors, grad_outputs)
+def _no_second_derivative(tensors: list[torch.Tensor], grad_outputs: list[torch.Tensor | None]) -> list:
+    """A runner's ``again`` where it was given none (the profile's)."""
+    raise DcnbError(
+        "a gradient of a gradient (create_graph=True) through this compiled module was asked for, but it has "
+        "no way to make one: use Session.module"
+    )
 
 
 class Again:
@@ -392,6 +391,12 @@ class Signature:
     inputs: tuple[tuple[torch.Size, torch.dtype], ...]
     params: tuple[torch.dtype, torch.device] | None
     training: bool
+
+    @classmethod
+    def of(cls, inputs: list[torch.Tensor], first: torch.Tensor | None, training: bool) -> Signature:
+        """The signature of a call of ``inputs``, ``first`` the module's first floating-point parameter."""
+        params = None if first is None else (first.dtype, first.device)
+        return cls(tuple((t.shape, t.dtype) for t in inputs), params, training)
 
     def __str__(self) -> str:
         shapes = ", ".join(_fmt(tuple(shape), dtype) for shape, dtype in self.inputs)
@@ -477,6 +482,7 @@ class DcnbModule(nn.Module):
         self._hooks_told: tuple[str, ...] = ()
         self._attributes = _tensor_attributes(self.module)
         first = next((name for name, p in self.module.named_parameters() if p.is_floating_point()), None)
+        #: the parameter a signature takes the parameters' dtype and device from (``first_floating``'s)
         self._first = None if first is None else _resolve(self.module, first)
 
     def train(self, mode: bool = True) -> DcnbModule:
@@ -506,7 +512,7 @@ class DcnbModule(nn.Module):
         if last is not None and last[0] is token and last[1] == key:
             variant, params, used = last[2]
         else:
-            signature = Signature(tuple(key[2:]), key[1], key[0])
+            signature = Signature.of(inputs, first, self.training)
             variant = builds.variant(self.module, signature, inputs)
             params, used = self._bind(variant.runner)
             self._last = (token, key, (variant, params, used))
@@ -635,14 +641,13 @@ def _keys_under_module(
         state_dict[inner + key.removeprefix(prefix)] = state_dict.pop(key)
 
 
+def first_floating(module: nn.Module) -> torch.Tensor | None:
+    """The first floating-point parameter of ``module``: a signature's parameters' dtype and device."""
+    return next((p for p in module.parameters() if p.is_floating_point()), None)
+
+
 def _mode(training: bool) -> str:
     return "training" if training else "eval"
-
-
-def _has_hooks(module: nn.Module) -> bool:
-    return bool(
-        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
-    )
 
 
 def _path(root: nn.Module, module: nn.Module) -> str:

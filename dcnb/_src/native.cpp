@@ -379,7 +379,7 @@ struct Plan : torch::CustomClassHolder {
   std::vector<int64_t> saved;              // what the forward saves: indices into inputs ++ outputs ++ stored
   std::vector<at::Tensor> forward_constants, backward_constants;
   std::vector<std::vector<int64_t>> reached_by;  // per tensor of the call: the outputs computed from it
-  py::object again;     // module.Again (or None): gradients with a history, for create_graph=True
+  py::object again;     // Runner.again: gradients with a history, for create_graph=True
   py::object binaries;  // the CompiledSDFGs: their code must outlive every graph that calls it
   c10::Device device = c10::kCPU;  // of the call's tensors, and so of the binaries' arguments
 
@@ -506,9 +506,6 @@ struct Apply : torch::autograd::Function<Apply> {
   // create_graph=True: the compiled backward's gradients have no history, so Python's Again makes them
   static variable_list again(const Plan& plan, std::vector<at::Tensor> tensors, const variable_list& grad_outputs) {
     py::gil_scoped_acquire gil;
-    if (plan.again.is_none())
-      throw std::runtime_error("a gradient of a gradient (create_graph=True) through this compiled module cannot be "
-                               "made: use Session.module");
     py::list given;
     for (const auto& g : grad_outputs) given.append(g.defined() ? py::cast(g) : py::none());
     py::list got = plan.again(tensors, given);

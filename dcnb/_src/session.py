@@ -21,7 +21,7 @@ from . import actions, arguments, cuda_check, diff, events, native, passes, prob
 from .analysis import Analysis
 from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
-from .module import MAX_BUILDS, Again, DcnbModule, OneBuild, Runner, Signature, Variant
+from .module import MAX_BUILDS, Again, DcnbModule, OneBuild, Runner, Signature, Variant, first_floating
 from .program import Program
 from .recipe import Entry
 from .recipe import parse as parse_recipe
@@ -535,7 +535,8 @@ class Session:
         last = _last(applied)
         name = last.name
         (backward, forward), (backward_sdfg, forward_sdfg) = built.binaries, built.sdfgs
-        again = Again(self._module, self._call, self._imported, self._signature())
+        signature = self._signature()
+        again = Again(self._module, self._call, self._imported, signature)
         runner = Runner(self._imported, prog, forward, backward, self.device, again)
         candidate = self._dcnb_module(runner)
         self._progress("checking against PyTorch")
@@ -563,7 +564,7 @@ class Session:
             # forked only now: the build made above and the timing do not share the cores with it
             cuda=None if self._cuda_builds is None else self._cuda_builds.start(self._for_cuda(pre, prog, applied)),
         )
-        variants = {self._signature(): self._variant(runner)}
+        variants = {signature: self._variant(runner)}
         return _State(pre, prog, (forward_sdfg, backward_sdfg), runner, applied, step, Analysis(index), variants)
 
     def _for_cuda(self, pre: dace.SDFG, prog: Program, applied: tuple[Entry, ...]) -> cuda_check.Sides:
@@ -571,10 +572,10 @@ class Session:
         the device it runs for (auto_optimize: the CPU's BLAS calls, expanded) or is for the CPU only
         (vectorization: CPU vector types), the SDFGs the recipe makes on a GPU, made in the build's process:
         autodiff again, then the actions after it, for CUDA, those offered there."""
-        after = [actions.get(a.name) for a in applied if not actions.get(a.name).before_autodiff]
-        if not any(a.for_device or "cuda" not in a.devices for a in after):
+        after = [a for a in applied if not actions.get(a.name).before_autodiff]
+        if not any(actions.get(a.name).for_device or "cuda" not in actions.get(a.name).devices for a in after):
             return [prog.forward, prog.backward]
-        entries = [a for a in applied if a.name in {action.name for action in after if "cuda" in action.devices}]
+        entries = [a for a in after if "cuda" in actions.get(a.name).devices]
 
         def made() -> list[dace.SDFG | None]:
             with warnings.catch_warnings():
@@ -597,12 +598,7 @@ class Session:
 
     def _signature(self) -> Signature:
         """The example call's signature, in the session's mode."""
-        first = next((p for p in self._module.parameters() if p.is_floating_point()), None)
-        return Signature(
-            tuple((t.shape, t.dtype) for t in self._inputs),
-            None if first is None else (first.dtype, first.device),
-            self.training,
-        )
+        return Signature.of(self._inputs, first_floating(self._module), self.training)
 
     def _variant(self, runner: Runner) -> Variant:
         return Variant(runner, [t.shape for t in self._reference.outputs], self._result)
@@ -667,7 +663,7 @@ class Rebuild:
         return self._session._variant_for(signature, tensors)
 
     def portable(self) -> Rebuild:
-        return dataclasses.replace(self, _session=None)
+        return self  # its session stays behind in a pickle (__getstate__)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_session": None}
