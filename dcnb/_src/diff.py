@@ -62,6 +62,19 @@ _counterparts: weakref.WeakKeyDictionary[dace.SDFG, tuple[dace.SDFG, dict[nodes.
 )
 
 
+def between(before: dace.SDFG, after: dace.SDFG) -> Diff:
+    """``Diff(before, after)``, matched once per pair: the picture of a step and the one of the step before it both
+    read it (a session's SDFGs do not change once built)."""
+    known = _diffs.get(after)
+    if known is None or known[0] is not before:
+        known = _diffs[after] = (before, Diff(before, after))
+    return known[1]
+
+
+#: ``between`` by the later SDFG: the earlier one and their diff
+_diffs: weakref.WeakKeyDictionary[dace.SDFG, tuple[dace.SDFG, Diff]] = weakref.WeakKeyDictionary()
+
+
 #: a node where it is drawn: the node, its state, the SDFG whose arrays it reads
 Placed = tuple[nodes.Node, dace.SDFGState, dace.SDFG]
 
@@ -80,13 +93,14 @@ class Diff:
         #: node of ``after`` -> the node of ``before`` it is
         self.match: dict[nodes.Node, nodes.Node] = {}
         self._before: dict[nodes.Node, Placed] = {n[0]: n for n in placed(before)}
+        self._after: dict[nodes.Node, Placed] = {n[0]: n for n in placed(after)}
         self._matched: set[nodes.Node] = set()
         self._states: dict[dace.SDFGState, dace.SDFGState] = {}
         self._sdfgs: dict[dace.SDFG, dace.SDFG] = {}
         by_guid: dict[str, collections.deque[nodes.Node]] = collections.defaultdict(collections.deque)
         for node in self._before:
             by_guid[node.guid].append(node)
-        for node, _, _ in placed(after):
+        for node in self._after:
             if by_guid[node.guid]:  # a copy of a node within one SDFG keeps its guid too: the first is the node
                 self._pair(node, by_guid[node.guid].popleft())
         pending = [(before, after)]
@@ -118,6 +132,10 @@ class Diff:
     def placed_before(self, node: nodes.Node) -> Placed:
         """Where a node of ``before`` stood: the node, its state, its SDFG."""
         return self._before[node]
+
+    def placed_after(self, node: nodes.Node) -> Placed:
+        """Where a node of ``after`` stands: the node, its state, its SDFG."""
+        return self._after[node]
 
     def _pair(self, new: nodes.Node, old: nodes.Node) -> None:
         self.match[new] = old

@@ -19,6 +19,8 @@ import {
   PlacedNode,
   PlacedScope,
   scopeIds,
+  Seed,
+  seedOf,
   shownAs,
   StateData,
   statesById
@@ -30,7 +32,7 @@ export interface GraphViewOptions {
   // node labels (what `where` matches) chosen by clicking; called whenever the selection changes
   onSelect: (labels: string[]) => void;
   // lays out a picture with these scopes collapsed (layoutclient.ts: in a worker when it is large)
-  layout: (graph: Picture, collapsed: Set<string>) => Promise<Layout>;
+  layout: (graph: Picture, collapsed: Set<string>, seed?: Seed) => Promise<Layout>;
   // the node whose details are shown, or null (the session widget shows its generated code beside them)
   onDetails?: (node: NodeData | null) => void;
   // the heat colours and the most removed nodes the line under the graph names (its tooltip names them all), as
@@ -70,10 +72,17 @@ export class GraphView {
   private fitPending = false;
   // the node to centre once the layout under way is drawn
   private focusPending: string | null = null;
+  // the nodes to bring into view once the layout under way is drawn and the canvas has its size
+  private framePending: string[] | null = null;
+  // where the nodes of the picture shown before this one were: this one's layout keeps them in their order
+  private seed: Seed | undefined = undefined;
   private drag: { x: number; y: number; moved: boolean } | null = null;
+  // whether the last press of the button moved the view: the click that ends it then selects nothing
+  private dragged = false;
   // a drag goes on outside the canvas: the window follows it, as long as the view lives
   private readonly onMouseMove = (e: MouseEvent): void => this.onDrag(e);
   private readonly onMouseUp = (): void => {
+    this.dragged = this.drag?.moved ?? false;
     this.drag = null;
   };
 
@@ -90,8 +99,10 @@ export class GraphView {
     row.append(this.canvas, this.notice, this.legend, this.details);
     this.node.append(row, this.removed);
     this.canvas.addEventListener('wheel', e => this.onWheel(e), { passive: false });
+    // a drag pans wherever it starts, on a node too; a click (no move) selects
     this.canvas.addEventListener('mousedown', e => {
       this.drag = { x: e.clientX, y: e.clientY, moved: false };
+      this.dragged = false;
     });
     window.addEventListener('mousemove', this.onMouseMove);
     window.addEventListener('mouseup', this.onMouseUp);
@@ -114,11 +125,14 @@ export class GraphView {
   }
 
   // Show a picture. `fresh` (another tab, a first show) opens it fitted, with the default scopes collapsed;
-  // otherwise (the same SDFG after a step, or the step before) the view stays where it is as long as it shows a
-  // node, and scopes stay collapsed where their ids were collapsible before. The selection is by labels.
-  setGraph(graph: Picture | null, selection: string[], fresh: boolean): void {
+  // otherwise (the same SDFG after a step, or the step before) it is laid out with the nodes it shares with the
+  // picture shown before in their places, the view stays where it is as long as it shows a node, and scopes stay
+  // collapsed where their ids were collapsible before. `reveal` (another step's picture) brings the nodes the step
+  // added, changed or (in the picture of the step before) took away into view. The selection is by labels.
+  setGraph(graph: Picture | null, selection: string[], fresh: boolean, reveal = false): void {
     if (graph !== this.graph) {
       this.showDetails(null);
+      this.seed = !fresh && graph && this.graph && this.layout ? seedOf(this.graph, this.layout) : undefined;
     }
     const former = this.tree;
     this.graph = graph;
@@ -134,6 +148,8 @@ export class GraphView {
     }
     this.drawRemoved();
     this.drawLegend();
+    const marked = reveal && this.tree ? [...this.tree.byId.values()].filter(n => n.change).map(n => n.id) : [];
+    this.framePending = marked.length ? marked : null;
     this.redraw(fresh);
   }
 
@@ -156,10 +172,16 @@ export class GraphView {
     this.mark();
   }
 
-  // Mark a place's nodes (where an action would apply), or none; a node inside a collapsed scope marks the scope.
+  // Mark a place's nodes (where an action would apply), or none, and bring them into view; a node inside a
+  // collapsed scope marks the scope.
   highlight(place: PlaceNodes | null): void {
     this.highlighted = place;
     this.mark();
+    const ids = place && this.tree ? placeIds(this.tree, place) : [];
+    if (ids.length) {
+      this.framePending = ids;
+      this.frameIfReady();
+    }
   }
 
   collapseAll(collapse: boolean): void {
@@ -240,6 +262,41 @@ export class GraphView {
       this.fitPending = false;
       this.fit(false);
     }
+    this.frameIfReady();
+  }
+
+  // Pan and zoom to the nodes framePending names (as drawn: a node in a collapsed scope is its scope), once the
+  // picture is laid out and the canvas has its size: all of them where that keeps them readable (scale 0.5 or
+  // more), else the first of them at scale 0.75.
+  private frameIfReady(): void {
+    const tree = this.tree;
+    const ids = this.framePending;
+    const width = this.canvas.clientWidth;
+    const height = this.canvas.clientHeight;
+    if (!ids || !tree || !this.layout || this.laying || width <= 0 || height <= 0) {
+      return;
+    }
+    this.framePending = null;
+    const shown = new Set(ids.map(id => shownAs(tree, id, this.collapsed)));
+    const boxes = [...this.layout.nodes, ...this.layout.scopes].filter(p => shown.has(p.id));
+    if (!boxes.length) {
+      return;
+    }
+    const left = Math.min(...boxes.map(b => b.x));
+    const top = Math.min(...boxes.map(b => b.y));
+    const right = Math.max(...boxes.map(b => b.x + b.width));
+    const bottom = Math.max(...boxes.map(b => b.y + b.height));
+    const whole = Math.min(1.2, (width - 40) / Math.max(right - left, 1), (height - 40) / Math.max(bottom - top, 1));
+    const first = boxes.reduce((a, b) => (b.y < a.y || (b.y === a.y && b.x < a.x) ? b : a));
+    const [scale, box] =
+      whole >= 0.5 ? [whole, { x: left, y: top, width: right - left, height: bottom - top }] : [0.75, first];
+    this.fitPending = false;
+    this.view = {
+      scale,
+      x: width / 2 - (box.x + box.width / 2) * scale,
+      y: height / 2 - (box.y + Math.min(box.height, height / scale - 40) / 2) * scale
+    };
+    this.applyView();
   }
 
   // Whether some node is in the canvas as the view is now.
@@ -264,7 +321,7 @@ export class GraphView {
     this.laying = true;
     this.notice.textContent = `laying out ${this.tree?.byId.size ?? 0} nodes…`;
     this.notice.style.display = 'block';
-    void this.options.layout(graph, this.collapsed).then(layout => {
+    void this.options.layout(graph, this.collapsed, this.seed).then(layout => {
       if (turn !== this.drawn) {
         return; // a newer picture, a scope change or the view's end superseded this one
       }
@@ -275,6 +332,8 @@ export class GraphView {
       this.draw(layout);
       if (this.focusPending) {
         this.centre();
+      } else if (this.framePending) {
+        this.frameIfReady();
       } else if (fit || !this.showsANode()) {
         // a new picture, or one the view would show none of (the canvas may not have its size yet)
         this.fitWhenSized();
@@ -420,7 +479,7 @@ export class GraphView {
     const title = svg('title');
     title.textContent = [
       nodeText(node),
-      node.change ? `${node.change} by this step` : '',
+      node.change ? changeText(node.change) : '',
       this.overlay && value !== undefined ? `${this.overlayName(this.overlay)}: ${metricText(this.overlay, value)}` : ''
     ]
       .filter(Boolean)
@@ -430,10 +489,9 @@ export class GraphView {
       g.appendChild(this.drawToggle(node, toggle, p.hidden === undefined));
     }
     g.addEventListener('click', e => {
-      if (this.drag?.moved) {
-        return;
+      if (!this.dragged) {
+        this.select(node, e.shiftKey);
       }
-      this.select(node, e.shiftKey);
     });
     this.shapes.set(node.id, g);
     return g;
@@ -452,7 +510,9 @@ export class GraphView {
     toggle.appendChild(tip);
     toggle.addEventListener('click', e => {
       e.stopPropagation();
-      this.toggle(node.id);
+      if (!this.dragged) {
+        this.toggle(node.id);
+      }
     });
     return toggle;
   }
@@ -512,7 +572,7 @@ export class GraphView {
     this.details.appendChild(el('div', 'dcnb-details-kind', node.kind.replace('_', ' ')));
     this.details.appendChild(el('div', 'dcnb-details-name', displayName(node)));
     if (node.change) {
-      this.details.appendChild(el('div', `dcnb-details-change dcnb-${node.change}`, `${node.change} by this step`));
+      this.details.appendChild(el('div', `dcnb-details-change dcnb-${node.change}`, changeText(node.change)));
     }
     const rows: [string, string][] = Object.entries(node.info);
     for (const [key, name] of Object.entries(this.options.constants.overlays) as [Overlay, string][]) {
@@ -639,6 +699,11 @@ export class GraphView {
     this.canvas.style.transform = '';
     this.root.setAttribute('transform', `translate(${this.view.x.toFixed(1)} ${this.view.y.toFixed(1)}) scale(${this.view.scale.toFixed(4)})`);
   }
+}
+
+// What a node's mark says: the step shown added or changed it, or (the picture of the step before) it is gone.
+function changeText(change: NonNullable<NodeData['change']>): string {
+  return change === 'gone' ? 'removed or changed by the step after this one' : `${change} by this step`;
 }
 
 // stands in for a node a former picture lacked

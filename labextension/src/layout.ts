@@ -28,8 +28,9 @@ export interface NodeData {
   info: Record<string, string>;
   exit?: string;
   sdfg?: GraphData;
-  // what the step that made this picture did to the node
-  change?: 'added' | 'changed';
+  // what the step that made this picture did to the node; in the picture of the step before it, 'gone': what the
+  // step shown took away or changed
+  change?: 'added' | 'changed' | 'gone';
   metrics?: Metrics;
 }
 
@@ -271,15 +272,52 @@ export function defaultCollapsed(graph: Picture): Set<string> {
   return new Set(scopeIds(graph).filter(id => !opened.has(id)));
 }
 
-// Lay out a whole picture; map entries and nested SDFGs in `collapsed` stand for what they hold as one node.
-export function layoutGraph(graph: GraphData, collapsed: Set<string>): Layout {
-  return layoutSdfg(graph, collapsed, 0);
+// Where the nodes of a picture drawn before were, by nodeKeys' key: a layout seeded with it keeps the nodes both
+// pictures have in the order they had, rank by rank, so that what a step left alone stays where it was.
+export type Seed = Record<string, { x: number; y: number }>;
+
+// Each node's key across pictures of one SDFG: what it is (kind and DaCe label) and which of the nodes alike it is,
+// in the picture's order. A step makes a new picture with new ids; the nodes it left alone keep their keys.
+export function nodeKeys(graph: GraphData): Map<string, string> {
+  const keys = new Map<string, string>();
+  const seen = new Map<string, number>();
+  for (const node of nodeTree(graph).byId.values()) {
+    const what = `${node.kind} ${node.label}`;
+    const k = seen.get(what) ?? 0;
+    seen.set(what, k + 1);
+    keys.set(node.id, `${what} ${k}`);
+  }
+  return keys;
 }
 
-function layoutSdfg(graph: GraphData, collapsed: Set<string>, depth: number): Layout {
+// The seed a layout of `graph` gives the next picture (each node's centre).
+export function seedOf(graph: GraphData, layout: Layout): Seed {
+  const keys = nodeKeys(graph);
+  const seed: Seed = {};
+  for (const p of [...layout.nodes, ...layout.scopes]) {
+    const key = keys.get(p.id);
+    if (key !== undefined) {
+      seed[key] = { x: p.x + p.width / 2, y: p.y + p.height / 2 };
+    }
+  }
+  return seed;
+}
+
+// Lay out a whole picture; map entries and nested SDFGs in `collapsed` stand for what they hold as one node. With
+// a `seed`, the nodes it places keep their left-to-right order within each rank they shared.
+export function layoutGraph(graph: GraphData, collapsed: Set<string>, seed?: Seed): Layout {
+  const keys = seed ? nodeKeys(graph) : null;
+  const seeded = (id: string) => (keys && seed ? seed[keys.get(id) ?? ''] : undefined);
+  return layoutSdfg(graph, collapsed, 0, seeded);
+}
+
+// A node's place in the picture a layout is seeded with, or undefined (no seed, or a node it lacks).
+type Seeded = (id: string) => { x: number; y: number } | undefined;
+
+function layoutSdfg(graph: GraphData, collapsed: Set<string>, depth: number, seeded: Seeded): Layout {
   const blocks = new Map<string, Layout>();
   for (const state of graph.states) {
-    blocks.set(state.id, layoutState(state, collapsed, depth));
+    blocks.set(state.id, layoutState(state, collapsed, depth, seeded));
   }
   // the states themselves, as boxes joined by interstate edges
   const g = newGraph(40);
@@ -332,8 +370,47 @@ function newGraph(ranksep = 30): dagre.graphlib.Graph {
   return g;
 }
 
+// `members` with the seeded ones in their former order (top to bottom, left to right), in the slots they held.
+function seededOrder(members: NodeData[], seeded: Seeded): NodeData[] {
+  const slots = members.map(m => seeded(m.id));
+  const placed = members
+    .filter((_, i) => slots[i])
+    .sort((a, b) => seeded(a.id)!.y - seeded(b.id)!.y || seeded(a.id)!.x - seeded(b.id)!.x);
+  let next = 0;
+  return members.map((m, i) => (slots[i] ? placed[next++] : m));
+}
+
+// dagre's ordering of each rank (crossings minimized), then the seeded members of each rank put back in their
+// former left-to-right order, in the slots they took: a step's picture keeps what the step left alone in place.
+function seededRanks(members: NodeData[], seeded: Seeded): dagre.LayoutConfig['customOrder'] {
+  const former = new Map(members.filter(m => seeded(m.id)).map(m => [m.id, seeded(m.id)!.x]));
+  if (former.size < 2) {
+    return undefined;
+  }
+  return (g, order) => {
+    order(g, {});
+    const ranks = new Map<number, { id: string; order: number }[]>();
+    for (const id of g.nodes()) {
+      const n = g.node(id) as unknown as { rank?: number; order?: number };
+      if (former.has(id) && n.rank !== undefined && n.order !== undefined) {
+        ranks.set(n.rank, [...(ranks.get(n.rank) ?? []), { id, order: n.order }]);
+      }
+    }
+    for (const rank of ranks.values()) {
+      const slots = rank.map(r => r.order).sort((a, b) => a - b);
+      rank.sort((a, b) => former.get(a.id)! - former.get(b.id)!);
+      rank.forEach((r, i) => ((g.node(r.id) as unknown as { order: number }).order = slots[i]));
+    }
+  };
+}
+
 // Lay out one state: its outermost scope, whose map scopes and nested SDFGs are laid out first, each on its own.
-export function layoutState(state: StateData, collapsed: Set<string>, depth = 0): Layout {
+export function layoutState(
+  state: StateData,
+  collapsed: Set<string>,
+  depth = 0,
+  seeded: Seeded = () => undefined
+): Layout {
   const byId = new Map(state.nodes.map(n => [n.id, n]));
   const children = new Map<string | null, NodeData[]>();
   for (const node of state.nodes) {
@@ -369,10 +446,11 @@ export function layoutState(state: StateData, collapsed: Set<string>, depth = 0)
     const inner = new Map<string, Layout>();
     const g = newGraph();
     const nested = new Map<string, Layout>();
-    for (const node of members) {
+    // dagre orders each rank starting from the order nodes were added in: seeded ones go in their former order
+    for (const node of seededOrder(members, seeded)) {
       const container = isContainer(node) && node.id !== scope;
       if (container && node.kind === 'nested' && !collapsed.has(node.id)) {
-        const sub = layoutSdfg(node.sdfg!, collapsed, depth + 1);
+        const sub = layoutSdfg(node.sdfg!, collapsed, depth + 1, seeded);
         nested.set(node.id, sub);
         const width = Math.max(sub.width, nodeSize(node).width) + 2 * NESTED_PADDING;
         g.setNode(node.id, { width, height: sub.height + NESTED_HEADER + NESTED_PADDING });
@@ -399,7 +477,7 @@ export function layoutState(state: StateData, collapsed: Set<string>, depth = 0)
       // beside the edge's middle, and only for memlets whose both ends are drawn at this level
       g.setEdge(src, dst, { labelled: src === e.src && dst === e.dst }, `e${i}`);
     });
-    dagre.layout(g);
+    dagre.layout(g, { customOrder: seededRanks(members, seeded) });
     const block: Layout = { width: 0, height: 0, states: [], nodes: [], scopes: [], edges: [], interstate: [] };
     for (const node of members) {
       const n = g.node(node.id);

@@ -1,10 +1,11 @@
 // Lays out large pictures off the main thread, so that the notebook stays responsive meanwhile.
-import { GraphData, layoutGraph } from './layout';
+import { GraphData, layoutGraph, Seed } from './layout';
 
 interface Request {
   id: number;
   graph: GraphData;
   collapsed: string[];
+  seed?: Seed;
 }
 
 const scope = self as unknown as {
@@ -13,6 +14,6 @@ const scope = self as unknown as {
 };
 
 scope.onmessage = (e: MessageEvent<Request>) => {
-  const { id, graph, collapsed } = e.data;
-  scope.postMessage({ id, layout: layoutGraph(graph, new Set(collapsed)) });
+  const { id, graph, collapsed, seed } = e.data;
+  scope.postMessage({ id, layout: layoutGraph(graph, new Set(collapsed), seed) });
 };

@@ -2,12 +2,14 @@
 // was shown, draws at once (dagre takes a second or more on a ResNet-18's backward). Pictures are told apart by
 // object: the kernel sends new ones with every step, and an old picture's layouts go with it. Pure code, tested
 // under node.
-import { GraphData, Layout } from './layout';
+import { GraphData, Layout, Seed } from './layout';
 
-export type LayoutFn = (graph: GraphData, collapsed: Set<string>) => Promise<Layout>;
+export type LayoutFn = (graph: GraphData, collapsed: Set<string>, seed?: Seed) => Promise<Layout>;
 
 export class LayoutCache {
   private readonly made = new WeakMap<GraphData, Map<string, Promise<Layout>>>();
+  // seeds told apart by object, as pictures are
+  private readonly seeds = new WeakMap<Seed, number>();
 
   // `perPicture`: the layouts kept of one picture (each collapse or expand makes another), the oldest used first
   // to go
@@ -16,8 +18,9 @@ export class LayoutCache {
     private readonly perPicture = 6
   ) {}
 
-  get(graph: GraphData, collapsed: Set<string>): Promise<Layout> {
-    const key = [...collapsed].sort().join('\n');
+  // (a seeded layout is another layout of the picture)
+  get(graph: GraphData, collapsed: Set<string>, seed?: Seed): Promise<Layout> {
+    const key = [...collapsed].sort().join('\n') + (seed ? `\nseed ${this.seedId(seed)}` : '');
     let layouts = this.made.get(graph);
     if (!layouts) {
       layouts = new Map();
@@ -30,7 +33,7 @@ export class LayoutCache {
       layouts.set(key, known);
       return known;
     }
-    const made = this.layout(graph, collapsed);
+    const made = this.layout(graph, collapsed, seed);
     layouts.set(key, made);
     // a layout that failed is made again next time
     made.catch(() => layouts.get(key) === made && layouts.delete(key));
@@ -39,4 +42,15 @@ export class LayoutCache {
     }
     return made;
   }
+
+  private seedId(seed: Seed): number {
+    let id = this.seeds.get(seed);
+    if (id === undefined) {
+      id = ++seedsMade;
+      this.seeds.set(seed, id);
+    }
+    return id;
+  }
 }
+
+let seedsMade = 0;

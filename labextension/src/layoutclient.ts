@@ -1,6 +1,6 @@
 // Laying out pictures without blocking the notebook: large ones in a worker (layout.worker.ts), small ones here,
 // where a worker would cost more than it saves.
-import { countNodes, defaultCollapsed, GraphData, Layout, layoutGraph, Picture } from './layout';
+import { countNodes, defaultCollapsed, GraphData, Layout, layoutGraph, Picture, Seed } from './layout';
 import { LayoutCache } from './layoutcache';
 
 // above this many nodes the layout runs in a worker (dagre takes about a second per thousand nodes)
@@ -22,10 +22,10 @@ function layoutWorker(): Worker | null {
 }
 
 // Lay out a picture: in the worker when it is large, here when it is small or the worker fails.
-export function layoutAsync(graph: GraphData, collapsed: Set<string>): Promise<Layout> {
+export function layoutAsync(graph: GraphData, collapsed: Set<string>, seed?: Seed): Promise<Layout> {
   const w = countNodes(graph) > WORKER_ABOVE ? layoutWorker() : null;
   if (!w) {
-    return Promise.resolve(layoutGraph(graph, collapsed));
+    return Promise.resolve(layoutGraph(graph, collapsed, seed));
   }
   const id = ++requests;
   const laidOut = new Promise<Layout>((resolve, reject) => {
@@ -46,16 +46,16 @@ export function layoutAsync(graph: GraphData, collapsed: Set<string>): Promise<L
     };
     w.addEventListener('message', onMessage);
     w.addEventListener('error', onError);
-    w.postMessage({ id, graph, collapsed: [...collapsed] });
+    w.postMessage({ id, graph, collapsed: [...collapsed], seed });
   });
-  return laidOut.catch(() => layoutGraph(graph, collapsed));
+  return laidOut.catch(() => layoutGraph(graph, collapsed, seed));
 }
 
 const cache = new LayoutCache(layoutAsync);
 
-// Lay out a picture, or find the layout made of it before with the same scopes collapsed.
-export function layoutCached(graph: GraphData, collapsed: Set<string>): Promise<Layout> {
-  return cache.get(graph, collapsed);
+// Lay out a picture, or find the layout made of it before with the same scopes collapsed (and the same seed).
+export function layoutCached(graph: GraphData, collapsed: Set<string>, seed?: Seed): Promise<Layout> {
+  return cache.get(graph, collapsed, seed);
 }
 
 // Lay out a large picture as it opens, in the worker, before it is shown (the backward while the forward is): a

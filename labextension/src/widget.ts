@@ -54,6 +54,8 @@ export class SessionView extends DOMWidgetView {
   private tab: Tab = 'forward';
   // whether the graph shows the step the shown one was made from (`before`)
   private previous = false;
+  // the side, step and `previous` of the picture drawn last
+  private drawing = '';
   private tabs!: Record<Tab, HTMLButtonElement>;
   private previousButton!: HTMLButtonElement;
   private overlayChoice!: HTMLLabelElement;
@@ -260,7 +262,12 @@ export class SessionView extends DOMWidgetView {
   private renderGraph(fresh: boolean): void {
     const graphs = this.get('graphs');
     this.tabs.backward.disabled = !graphs.backward;
-    this.graphView.setGraph(this.picture(), this.get('selection'), fresh);
+    // another step, side or the step before: what that step changed comes into view (not where the same picture
+    // comes again, with its metrics)
+    const drawing = `${this.tab} ${this.shown()} ${this.previous}`;
+    const reveal = drawing !== this.drawing;
+    this.drawing = drawing;
+    this.graphView.setGraph(this.picture(), this.get('selection'), fresh, reveal);
     // the other tab's picture, laid out while this one is looked at (the worker takes this one's first)
     const other = graphs[this.tab === 'forward' ? 'backward' : 'forward'];
     if (other && !this.previous) {

@@ -94,6 +94,21 @@ def test_auto_optimize_expands_library_nodes(session):
     assert {n["kind"] for n in _marked(picture, graph.ADDED)} & {graph.NESTED, graph.MAP_ENTRY, graph.TASKLET}
 
 
+def test_the_picture_of_the_step_before_marks_what_the_step_took_away_or_changed(session):
+    index = _step(session, "map_fusion")
+    before, after = session.compiled_sdfgs(session.previous_step(index))[0], session.compiled_sdfgs(index)[0]
+    diff = graph.describe(after, before=before)
+    earlier = graph.describe(before, after=after)
+    gone = _marked(earlier, graph.GONE)
+    # the removed map's entry, and the map that took its body in (changed in the picture after)
+    removed = {(r["kind"], r["name"]) for r in diff["removed"]}
+    assert removed <= {(n["kind"], n["name"]) for n in gone}
+    assert {n["label"] for n in _marked(diff, graph.CHANGED)} <= {n["label"] for n in gone}
+    # the rest is left alone, and a picture marked against the step before has nothing gone
+    assert len(gone) < 0.5 * len(graph.all_nodes(earlier))
+    assert not _marked(diff, graph.GONE)
+
+
 def test_the_static_rendering_shows_what_the_current_step_changed(session):
     html = render.to_html(session)
     assert "PreNormResidual (backward)" in html and "_backward_" not in html

@@ -68,6 +68,43 @@ IN_VIEW = """root => {
 }"""
 
 
+# How many of the nodes a selector picks lie wholly inside the canvas, and how many there are.
+ALL_IN_VIEW = """(root, selector) => {
+    const c = root.querySelector('.dcnb-canvas').getBoundingClientRect();
+    const picked = [...root.querySelectorAll(selector)].filter(g => !g.classList.contains('dcnb-open'));
+    const inside = picked.filter(g => {
+        const b = g.getBoundingClientRect();
+        return b.width > 0 && b.left >= c.left - 1 && b.right <= c.right + 1 && b.top >= c.top - 1 && b.bottom <= c.bottom + 1;
+    });
+    return [inside.length, picked.length];
+}"""
+
+
+# Each drawn node's place in the layout (its centre), by kind and DaCe label, for labels drawn once.
+PLACES = """root => {
+    const found = {};
+    for (const g of root.querySelectorAll('g.dcnb-node:not(.dcnb-open)')) {
+        const key = g.classList[1] + ' ' + g.dataset.label;
+        const b = g.getBBox();
+        found[key] = key in found ? null : [b.x + b.width / 2, b.y + b.height / 2];
+    }
+    return found;
+}"""
+
+
+def _order_kept(before: dict, after: dict) -> list[str]:
+    """The pairs of nodes both pictures draw once, side by side on one rank in both, whose left-to-right order
+    changed."""
+    common = [k for k in before if before[k] and after.get(k)]
+    flipped = []
+    for i, a in enumerate(common):
+        for b in common[i + 1 :]:
+            same_rank = abs(before[a][1] - before[b][1]) < 1 and abs(after[a][1] - after[b][1]) < 1
+            if same_rank and (before[a][0] < before[b][0]) != (after[a][0] < after[b][0]):
+                flipped.append(f"{a} / {b}")
+    return flipped
+
+
 # Whether the code panel shows the start of the node's lines: its mark's top inside the scrolled body, and the
 # line number drawn there the first of the range ('shown'; else what it saw).
 MARK_IN_VIEW = """panel => {
@@ -192,6 +229,8 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
         expect(lit.first).to_be_attached(timeout=30_000)
         # the page as it is: an element's screenshot scrolls, the pointer leaves the place and its marks go
         page.screenshot(path=str(artifacts / "ui-prenorm-places.png"))
+        inside, marked = block.evaluate(ALL_IN_VIEW, "g.dcnb-node.dcnb-highlight")
+        assert inside == marked > 0, f"{inside} of the place's {marked} nodes in view"
         # exactly the place's own nodes, each once (the block's pictures are small: no scope is collapsed)
         guids = place.get_attribute("data-guids")
         assert guids, "the place carries no guids (the kernel sends none in `matches`)"
@@ -203,27 +242,49 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
     if not check("an action's places (▾), applied at one", places):
         block.locator("button[data-action=tasklet_fusion]").click()
     ok_rows(block, 2)
+    changes = "g.dcnb-node.dcnb-added, g.dcnb-node.dcnb-changed, g.dcnb-node.dcnb-changed-inside"
 
     def marks():
-        expect(block.locator(".dcnb-node.dcnb-added, .dcnb-node.dcnb-changed, .dcnb-node.dcnb-changed-inside").first).to_be_attached()
+        expect(block.locator(changes).first).to_be_attached()
         expect(block.locator(".dcnb-removed")).to_contain_text("removed: ")
+        inside, marked = block.evaluate(ALL_IN_VIEW, changes)
+        assert inside == marked > 0, f"{inside} of the {marked} nodes the step changed in view"
 
-    check("added/changed/removed marks", marks)
+    check("added/changed/removed marks, in view", marks)
     block.screenshot(path=str(artifacts / "ui-prenorm-tasklet-fusion.png"))
 
     def previous_step():
         labels = lambda: sorted(block.evaluate("root => [...root.querySelectorAll('g.dcnb-node')].map(g => g.dataset.label)"))
-        after = labels()
+        after, placed_after = labels(), block.evaluate(PLACES)
         toggle = block.locator("button.dcnb-previous")
         toggle.click()
         expect(block.locator(".dcnb-where")).to_contain_text("step 0")
+        expect(block.locator("g.dcnb-node.dcnb-gone").first).to_be_attached()
         page.wait_for_timeout(500)
         assert labels() != after, "the previous step's picture is drawn"
         block.screenshot(path=str(artifacts / "ui-prenorm-previous.png"))
+        inside, gone = block.evaluate(ALL_IN_VIEW, "g.dcnb-node.dcnb-gone")
+        assert inside == gone > 0, f"{inside} of the {gone} nodes the step took away in view"
+        flipped = _order_kept(block.evaluate(PLACES), placed_after)
+        assert not flipped, f"nodes both steps draw changed sides: {flipped}"
         toggle.click()
         expect(block.locator(".dcnb-where")).to_be_hidden()
 
-    check("previous step toggle", previous_step)
+    check("previous step: what the step took away, in view; the nodes both draw in their order", previous_step)
+
+    def drag_from_a_node():
+        node = block.locator("g.dcnb-node.dcnb-tasklet").first
+        before = block.locator(".dcnb-canvas > g").get_attribute("transform")
+        box = node.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] / 2 + 60, box["y"] + box["height"] / 2 + 30, steps=5)
+        page.mouse.up()
+        assert block.locator(".dcnb-canvas > g").get_attribute("transform") != before, "the drag did not pan"
+        expect(block.locator("g.dcnb-node.dcnb-selected")).to_have_count(0)
+        expect(block.locator(".dcnb-selection")).to_contain_text("Actions apply everywhere")
+
+    check("a drag that starts on a node pans and selects nothing", drag_from_a_node)
 
     def code():
         panel = block.locator(".dcnb-code")

@@ -19,17 +19,20 @@ from dace.sdfg import nodes
 
 from ..actions.matching import label
 from .. import names
-from ..diff import ACCESS, LIBRARY, MAP_ENTRY, MAP_EXIT, NESTED, OTHER, TASKLET, Diff, kind, placed
+from ..diff import ACCESS, LIBRARY, MAP_ENTRY, MAP_EXIT, NESTED, OTHER, TASKLET, Diff, between, kind, placed
 
 #: what a step did to a node of the picture it made
-ADDED, CHANGED = "added", "changed"
+ADDED, CHANGED, GONE = "added", "changed", "gone"
 #: above this many nodes a picture opens with its map scopes collapsed: the static SVG (render.py) and the
 #: widget's view (it reads the picture's ``collapse_above``) alike
 COLLAPSE_ABOVE = 250
 
 
 def describe(
-    sdfg: dace.SDFG | None, before: dace.SDFG | None = None, metrics: dict[str, dict] | None = None
+    sdfg: dace.SDFG | None,
+    before: dace.SDFG | None = None,
+    metrics: dict[str, dict] | None = None,
+    after: dace.SDFG | None = None,
 ) -> dict[str, Any] | None:
     """The drawable picture of ``sdfg`` (None stays None).
 
@@ -37,12 +40,14 @@ def describe(
     ``change``; the picture's ``removed`` lists the nodes of ``before`` gone from ``sdfg``, nested SDFGs' too, each
     with the id of the state that stands for its own (state ids are unique across a picture and its nested ones).
     ``metrics``: node guid -> numbers measured for it (``{"flops": ..., "ms": ...}``), carried as ``metrics``.
+    ``after``: the SDFG of the step made from this one; the nodes that step took away or changed are ``GONE``.
     """
     if sdfg is None:
         return None
-    diff = Diff(before, sdfg) if before is not None else None
+    diff = between(before, sdfg) if before is not None else None
     state_ids: dict[dace.SDFGState, str] = {}
-    picture = _sdfg(sdfg, "", _Context(diff, metrics or {}, state_ids))
+    gone = _gone(between(sdfg, after)) if after is not None else set()
+    picture = _sdfg(sdfg, "", _Context(diff, metrics or {}, state_ids, gone))
     if diff is not None:
         picture["removed"] = [
             {"state": state_ids.get(state) if state is not None else None, "name": _name(node), "kind": kind(node)}
@@ -69,8 +74,16 @@ def all_nodes(graph: dict[str, Any]) -> list[dict[str, Any]]:
 class _Context:
     """What describing one SDFG carries down into its nested SDFGs."""
 
-    def __init__(self, diff: Diff | None, metrics: dict[str, dict], state_ids: dict[dace.SDFGState, str]):
+    def __init__(
+        self,
+        diff: Diff | None,
+        metrics: dict[str, dict],
+        state_ids: dict[dace.SDFGState, str],
+        gone: set[nodes.Node],
+    ):
         self.diff = diff
+        #: the nodes the next step took away or changed
+        self.gone = gone
         self.metrics = metrics
         #: each state drawn -> its id in the picture, which the removed nodes' entries point at
         self.state_ids = state_ids
@@ -127,6 +140,8 @@ def _state(sdfg: dace.SDFG, state: dace.SDFGState, sid: str, context: _Context) 
             item["sdfg"] = _sdfg(node.sdfg, f"{ids[node]}.", context)
         if context.diff is not None and (change := _change(context.diff, sdfg, state, node)):
             item["change"] = change
+        elif node in context.gone:
+            item["change"] = GONE
         if item["guid"] in context.metrics:
             item["metrics"] = dict(context.metrics[item["guid"]])
         result_nodes.append(item)
@@ -252,6 +267,17 @@ def _change(diff: Diff, sdfg: dace.SDFG, state: dace.SDFGState, node: nodes.Node
         return ADDED
     _, old_state, old_sdfg = diff.placed_before(old)
     return CHANGED if _fingerprint(old_sdfg, old_state, old) != _fingerprint(sdfg, state, node) else None
+
+
+def _gone(diff: Diff) -> set[nodes.Node]:
+    """The nodes of ``diff``'s earlier SDFG that the later one lacks or changed."""
+    gone = {node for node, _ in diff.removed}
+    for new, old in diff.match.items():
+        _, old_state, old_sdfg = diff.placed_before(old)
+        _, new_state, new_sdfg = diff.placed_after(new)
+        if _fingerprint(old_sdfg, old_state, old) != _fingerprint(new_sdfg, new_state, new):
+            gone.add(old)
+    return gone
 
 
 def _fingerprint(sdfg: dace.SDFG, state: dace.SDFGState, node: nodes.Node) -> Hashable:

@@ -209,7 +209,8 @@ class SessionWidget(ipywidgets.DOMWidget):
         }
         if previous is None:
             return graphs, {}
-        return graphs, {"forward": graph.describe(old[0]), "backward": graph.describe(old[1]), "step": previous}
+        before = {side: graph.describe(was, after=sdfg) for side, sdfg, was in zip(SIDES, (forward, backward), old)}
+        return graphs, {**before, "step": previous}
 
     def _measured(self, index: int) -> dict[str, dict[str, dict]]:
         """Side -> node guid -> bytes, FLOPs and intensity of step ``index``'s nodes, with the milliseconds where

@@ -6,10 +6,13 @@ import {
   ancestors,
   countNodes,
   defaultCollapsed,
+  GraphData,
+  Layout,
   layoutGraph,
   nodeText,
   nodeTree,
   scopeIds,
+  seedOf,
   shownAs
 } from '../layout';
 import { chart } from '../chart';
@@ -205,4 +208,33 @@ test('medians spread wider than 20x go on a log scale, where a fast step keeps a
   // eager's line sits between the fast steps' bars and the slow one's top
   const eager = 50 - c.lines.torch[1].y;
   assert.ok(eager > c.bars[1].height && eager < c.bars[0].height);
+});
+
+// x feeds four tasklets a..d (one rank), which all write y
+function fan(order: string[], extra: string[] = []): GraphData {
+  const ids = [...order, ...extra];
+  const nodes = [node('x', 'access', null), ...ids.map(id => node(id, 'tasklet', null)), node('y', 'access', null)];
+  const edges = ids.flatMap(id => [
+    { src: 'x', dst: id, label: '' },
+    { src: id, dst: 'y', label: '' }
+  ]);
+  return graph([{ id: 's', label: 'state', nodes, edges }]);
+}
+
+test("a layout seeded with the picture before keeps that picture's nodes in their order, a new one among them", () => {
+  const leftToRight = (layout: Layout, ids: string[]) =>
+    ids.map(id => layout.nodes.find(n => n.node.label === id)!).sort((a, b) => a.x - b.x).map(n => n.node.label);
+  for (const order of [['a', 'b', 'c', 'd'], ['d', 'b', 'a', 'c'], ['c', 'd', 'b', 'a']]) {
+    // the picture before, laid out as dagre likes it; then re-ordered by hand, as another layout might have drawn it
+    const before = fan(['a', 'b', 'c', 'd']);
+    const drawn = layoutGraph(before, new Set());
+    const xs = drawn.nodes.filter(n => n.node.kind === 'tasklet').map(n => n.x).sort((p, q) => p - q);
+    order.forEach((id, i) => (drawn.nodes.find(n => n.id === id)!.x = xs[i]));
+    // the next step's picture: new ids (its nodes in another order), one node more
+    const after = fan(['d', 'c', 'b', 'a'], ['e']);
+    after.states[0].nodes.forEach(n => (n.id = `n_${n.id}`));
+    after.states[0].edges.forEach(e => ((e.src = `n_${e.src}`), (e.dst = `n_${e.dst}`)));
+    const seeded = layoutGraph(after, new Set(), seedOf(before, drawn));
+    assert.deepEqual(leftToRight(seeded, order), order);
+  }
 });
