@@ -38,6 +38,18 @@ from .passes import vecmath
 # binaries loaded in this process, by cache key: undo and replay reuse them without reloading
 _loaded: dict[str, CompiledSDFG] = {}
 
+#: the stages of an SDFG's build that ``build`` reports (``Report``): made ready for the compiler here, then in
+#: its compile's process (which names them to ``forked.entering``, so a compile that times out says its stage)
+PREPARING = "preparing it for the compiler"
+STARTING = "starting its compile"
+WAITING = "waiting for the lock of its build folder"
+GENERATING = "generating its code"
+HEADER = "building DaCe's precompiled header"
+COMPILING = "compiling its code"
+STAGES = (PREPARING, STARTING, WAITING, GENERATING, HEADER, COMPILING)
+#: what ``build`` calls as each SDFG (as given) enters a stage of STAGES, and with "" once it is built or found built
+Report = Callable[[dace.SDFG, str], None]
+
 
 @dataclasses.dataclass(frozen=True)
 class Built:
@@ -49,21 +61,33 @@ class Built:
     sdfgs: list[dace.SDFG | None]
 
 
-def build(sdfgs: Iterable[dace.SDFG | None], device: str, cuda_arch: str | None = None) -> Built:
+def build(
+    sdfgs: Iterable[dace.SDFG | None], device: str, cuda_arch: str | None = None, report: Report | None = None
+) -> Built:
     """Run the device's build passes on a copy of each SDFG (None stays None) and compile it for ``device``; a
     CompileError names the failing SDFG, a CacheError the cache that cannot be written. Each SDFG's compile starts
     as soon as ``sdfgs`` gives it, so a generator making the next SDFG works while the one before compiles.
     ``cuda_arch`` (``"90"``) picks the GPU architecture a CUDA build is for; without it, DaCe's configuration says
-    (by default the GPU's)."""
+    (by default the GPU's). ``report`` hears each SDFG's stages as it goes."""
     spent = 0.0  # in building, not in making the next SDFG
     prepared: list[tuple[dace.SDFG | None, str | None]] = []
+    given: dict[str, dace.SDFG] = {}  # a compile's name -> the SDFG as given, which the report names
+    heard = report or (lambda sdfg, stage: None)
+    staged = None if report is None else lambda name, stage: report(given[name], stage)
     with _Compiles(compile_timeout()) as compiles:
         for sdfg in sdfgs:
             started = time.perf_counter()
-            prepared.append((None, None) if sdfg is None else _started(compiles, sdfg, device, cuda_arch))
+            if sdfg is None:
+                prepared.append((None, None))
+            else:
+                heard(sdfg, PREPARING)
+                made, key = _started(compiles, sdfg, device, cuda_arch)
+                prepared.append((made, key))
+                given[made.name] = sdfg
+                heard(sdfg, STARTING if compiles.running(made.name) else "")
             spent += time.perf_counter() - started
         started = time.perf_counter()
-        compiled = [name for name, built in compiles.wait().items() if built]
+        compiled = [name for name, built in compiles.wait(staged).items() if built]
     for _ in compiled:
         events.emit("build")
     with _configured(device, cuda_arch):
@@ -210,7 +234,7 @@ def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, args: str) -> bo
     libraries' checksums; unless another process built it meanwhile (it holds the folder's lock while it builds).
     True when it built."""
     folder = _folder(key, sdfg)
-    forked.entering("waiting for the lock of its build folder")
+    forked.entering(WAITING)
     with cache.writing(), cache.locked([folder]):
         if _on_disk(sdfg, key):
             return False
@@ -222,11 +246,11 @@ def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, args: str) -> bo
 
 
 def _generate_and_compile(sdfg: dace.SDFG, key: str, device: str, args: str) -> None:
-    forked.entering("generating its code")
+    forked.entering(GENERATING)
     folder = _generate(sdfg, key, device)
-    forked.entering("building DaCe's precompiled header")
+    forked.entering(HEADER)
     _precompile_header(folder, args)
-    forked.entering("compiling its code")
+    forked.entering(COMPILING)
     _compile_folder(folder, sdfg.name, args)
 
 
@@ -310,16 +334,31 @@ class _Compiles:
             self._children[name] = forked.Child(fn, *args)
         self._deadlines[name] = time.monotonic() + self._limit
 
-    def wait(self) -> dict[str, object]:
-        """Each compile's result, by name, once all have ended."""
+    def running(self, name: str) -> bool:
+        """Whether a compile of that name was started (an SDFG loaded or found on disk has none)."""
+        return name in self._children
+
+    def wait(self, report: Callable[[str, str], None] | None = None) -> dict[str, object]:
+        """Each compile's result, by name, once all have ended. ``report`` hears each compile's name with each
+        stage of STAGES it enters, and with "" as it ends."""
         results, pending = {}, set(self._children)
+        heard = dict.fromkeys(self._children, "")
         while pending:
+            if report is not None:
+                for name in sorted(pending):
+                    # (a stage read while the process rewrites it may be cut short: only whole ones are heard)
+                    stage = self._children[name].stage()
+                    if stage in STAGES and stage != heard[name]:
+                        heard[name] = stage
+                        report(name, stage)
             for name in [n for n in sorted(pending) if self._children[n].done()]:
                 pending.discard(name)
                 try:
                     results[name] = self._children[name].result()
                 except forked.Lost as e:
                     raise CompileError(f"the compile process {e}") from None
+                if report is not None:
+                    report(name, "")
             late = [n for n in sorted(pending) if time.monotonic() > self._deadlines[n]]
             if late:
                 stages = {n: self._children[n].stage() for n in late}

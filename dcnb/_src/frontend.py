@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Callable
 
 import dace
 import onnx
@@ -61,10 +62,15 @@ class Imported:
 
 
 def import_module(
-    module: nn.Module, inputs: tuple[torch.Tensor, ...], *, training: bool, call: Call | None = None
+    module: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    *,
+    training: bool,
+    call: Call | None = None,
+    progress: Callable[[str], None] = lambda message: None,
 ) -> Imported:
     """Export ``module`` to ONNX and import it into a single-state forward SDFG. ``call`` says which of ``inputs``
-    go by keyword (default: all positional)."""
+    go by keyword (default: all positional); ``progress`` hears when the import starts, after the export."""
     call = call or Call(len(inputs))
     name = _sdfg_name(module)
     input_names = _input_names(module, call)
@@ -76,6 +82,7 @@ def import_module(
         if model_proto.graph.initializer[i].name in named:
             model_proto.graph.initializer.pop(i)
     updates = _expose_running_statistics(model_proto, module) if training else {}
+    progress("importing into DaCe")
     with warnings.catch_warnings(), workdir.untouched():
         warnings.simplefilter("ignore")
         # simplified first, so that shape arithmetic (Shape, Gather, Mod, ...) is folded before ops are checked

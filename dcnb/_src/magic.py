@@ -6,16 +6,19 @@ so its definitions stay. A compile failure also shows the compiler's log, folded
 
 from __future__ import annotations
 
+import contextvars
 import html
 import json
 import keyword
 import pathlib
 import re
+import threading
 import time
 from typing import Any
 
 import torch
 from IPython.core.error import UsageError
+from IPython.core.getipython import get_ipython
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
@@ -133,56 +136,101 @@ def _build(
 
     line = _ProgressLine(name)
     progress = Progress(line)
-    try:
-        session = optimize(module, *inputs, progress=progress, **options)
-    except CompileError as e:
+    try:  # (the line goes however the cell ends: built, failed or stopped)
+        try:
+            session = optimize(module, *inputs, progress=progress, **options)
+        except CompileError as e:
+            _show_log(e.log)
+            raise UsageError(f"{name}: {e} (the compiler's log is above).") from None
+        except DcnbError as e:
+            # where the user's forward raised on the example inputs, the line that did
+            cause = e.__cause__ if isinstance(e, InputError) else None
+            where = "" if cause is None else probe.user_line(cause.__traceback__)
+            text = str(e) if str(e).startswith(name) else f"{name}: {e}"  # (not "Mish: Mish has ...")
+            raise UsageError(text + where) from None
+        except Exception as e:  # a crash inside the exporter or DaCe: still one paragraph, naming where to look
+            raise UsageError(
+                f"{name}: building the session failed inside PyTorch or DaCe ({describe(e)}). "
+                "Call dcnb.optimize(module, *inputs) in a cell to see the traceback."
+            ) from None
+        failed = None
+        try:
+            replay_recipe(
+                session, recipe, lambda i, entry: line(f"replaying step {i + 1} of {len(recipe)}: {entry.name}")
+            )
+        except DcnbError as e:
+            failed = str(e)
+        line("drawing the session's graphs")
+        namespace[variable] = session
+        widget = SessionWidget(session, variable=variable, progress=progress)
+        widget.display_id = display(widget, display_id=True).display_id
+    finally:
         line.close()
-        _show_log(e.log)
-        raise UsageError(f"{name}: {e} (the compiler's log is above).") from None
-    except DcnbError as e:
-        line.close()
-        # where the user's forward raised on the example inputs, the line that did
-        cause = e.__cause__ if isinstance(e, InputError) else None
-        where = "" if cause is None else probe.user_line(cause.__traceback__)
-        text = str(e) if str(e).startswith(name) else f"{name}: {e}"  # (not "Mish: Mish has ...")
-        raise UsageError(text + where) from None
-    except Exception as e:  # a crash inside the exporter or DaCe: still one paragraph, naming where to look
-        line.close()
-        raise UsageError(
-            f"{name}: building the session failed inside PyTorch or DaCe ({describe(e)}). "
-            "Call dcnb.optimize(module, *inputs) in a cell to see the traceback."
-        ) from None
-    failed = None
-    try:
-        replay_recipe(session, recipe, lambda i, entry: line(f"replaying step {i + 1} of {len(recipe)}: {entry.name}"))
-    except DcnbError as e:
-        failed = str(e)
-    line.close()
-    namespace[variable] = session
-    widget = SessionWidget(session, variable=variable, progress=progress)
-    widget.display_id = display(widget, display_id=True).display_id
     if failed:
         raise UsageError(f"{failed}. The session {variable} holds the steps before it.")
     return None
 
 
 class _ProgressLine:
-    """One line that says what the build is doing now; it disappears when done."""
+    """One line that says what the build is doing now, for how long, and for how long in all; it disappears when
+    done. In a kernel it ticks each second, from a thread of its own, so that a long phase (a compile) shows that
+    it goes on; elsewhere (a terminal, which prints each update as a new line) it changes with the phase only."""
 
     def __init__(self, name: str):
         self.name = name
-        self.start = time.perf_counter()
-        self.handle = display({"text/plain": f"dcnb: {name}: starting"}, raw=True, display_id=True)
+        self._start = self._since = time.perf_counter()
+        self._phase = "starting"
+        self._lock = threading.Lock()  # the phase and its start, set by the cell, read by the ticker
+        self._woken = threading.Event()  # a new phase, or the end
+        self._closed = False
+        self.handle = display({"text/plain": self._text()}, raw=True, display_id=True)
+        self._ticker: threading.Thread | None = None
+        if self.handle is not None and getattr(get_ipython(), "kernel", None) is not None:
+            # in the cell's context: ipykernel 7 keeps the request being executed in a context variable; a thread
+            # started without it sends as the last request the kernel took, which another subshell's may be
+            self._ticker = threading.Thread(
+                target=contextvars.copy_context().run, args=(self._tick,), name="dcnb progress line", daemon=True
+            )
+            self._ticker.start()
 
     def __call__(self, message: str) -> None:
-        elapsed = time.perf_counter() - self.start
-        if self.handle is not None:
-            self.handle.update({"text/plain": f"dcnb: {self.name}: {message} ({elapsed:.0f} s)"}, raw=True)
+        with self._lock:
+            self._phase, self._since = message, time.perf_counter()
+        if self._ticker is None:
+            self._show()
+        else:
+            self._woken.set()  # the ticker alone updates the line while it runs
 
     def close(self) -> None:
+        """Stop the ticker and empty the line; a message after this is dropped."""
+        if self.handle is None:
+            return
+        self._closed = True
+        self._woken.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        self.handle.update({"text/plain": ""}, raw=True)
+        self.handle = None
+
+    def _tick(self) -> None:
+        while not self._closed:
+            self._show()
+            with self._lock:
+                into_second = (time.perf_counter() - self._since) % 1
+            # at the phase's next whole second (a little after, as a wait may end early), or at its end
+            self._woken.wait(1 - into_second + 0.02)
+            self._woken.clear()
+
+    def _show(self) -> None:
         if self.handle is not None:
-            self.handle.update({"text/plain": ""}, raw=True)
-            self.handle = None
+            self.handle.update({"text/plain": self._text()}, raw=True)
+
+    def _text(self) -> str:
+        now = time.perf_counter()
+        with self._lock:
+            phase, since = self._phase, self._since
+        this, spent = int(now - since), f"{int(now - self._start)} s in all"
+        return f"dcnb: {self.name}: {phase} ({f'{this} s in this phase, ' if this else ''}{spent})"
 
 
 def _unparsed(message: str, tokens: list[str]) -> str:

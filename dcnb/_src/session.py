@@ -165,11 +165,11 @@ class Session:
         state of ``recipe`` at once."""
         self._progress("running PyTorch eager")
         outputs, self._result = verify.eager(self._module, self._inputs, self._call)
-        self._progress("exporting to ONNX and importing into DaCe")
+        self._progress("exporting to ONNX")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._imported: Imported = import_module(
-                self._module, tuple(self._inputs), training=self.training, call=self._call
+                self._module, tuple(self._inputs), training=self.training, call=self._call, progress=self._progress
             )
             pre = copy.deepcopy(self._imported.sdfg)
             passes.run(passes.ON_IMPORT, pre)
@@ -463,7 +463,7 @@ class Session:
             why_not = _why_not(action, prog, applied)
             check(sum(counts), f"{applied.name} matches nothing in the forward or backward SDFG{why_not}")
 
-        built = self._build(transformed(), name=applied.name)
+        built = self._build(prog, transformed(), name=applied.name)
         return self._finish(state.pre, prog, built, (*state.applied, applied), index, sum(counts))
 
     def _make_state(
@@ -476,7 +476,7 @@ class Session:
     ) -> _State:
         """The state for a forward SDFG before autodiff: differentiated, then the after-autodiff steps of
         ``replay`` applied again; each that no longer matches is left out of the recipe, and the step says so."""
-        self._progress("generating the backward pass" if self.backward else "preparing the forward pass")
+        self._progress("generating the backward pass by autodiff" if self.backward else "preparing the forward pass")
         notes, kept = [], []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -490,27 +490,36 @@ class Session:
                         f"{entry.name}, applied after autodiff before, matches nothing now; left out of the recipe"
                     )
         applied = (*applied[:-1], *kept, *applied[-1:])
-        built = self._build(_build_order(prog), name=_last(applied).name)
+        built = self._build(prog, _build_order(prog), name=_last(applied).name)
         return self._finish(pre, prog, built, applied, index, count, tuple(notes))
 
-    def _build(self, sides: Iterable[dace.SDFG | None], name: str) -> builder.Built:
-        """Compile each side as ``sides`` gives it (in ``_build_order``); each compile starts at once, while the next
-        side is made. The sides are validated only where the build fails: DaCe validates each again before it
-        generates its code, in the compile's own process (validating a ResNet-18's backward first held its compile
-        back 1.2 s)."""
+    def _build(self, prog: Program, sides: Iterable[dace.SDFG | None], name: str) -> builder.Built:
+        """Compile each side of ``prog`` as ``sides`` gives it (in ``_build_order``); each compile starts at once,
+        while the next side is made. The sides are validated only where the build fails: DaCe validates each again
+        before it generates its code, in the compile's own process (validating a ResNet-18's backward first held its
+        compile back 1.2 s). Progress says what each side's build is doing (build.STAGES): a step's longest phase."""
         made = []
+        stages: dict[str, str] = {}  # "backward", "forward" -> its stage (build.STAGES), in build order
 
         def announced() -> Iterator[dace.SDFG | None]:
             for side in sides:
                 if side is not None:
                     made.append(side)
                     # before the build forks it: an interrupt right after the fork is then a cancel while compiling
-                    if self._phase != "compiling":
-                        self._progress("compiling")
+                    self._phase = "compiling"
                 yield side
 
+        def report(side: dace.SDFG, stage: str) -> None:
+            which = "backward" if side is prog.backward else "forward"
+            if stage:
+                stages[which] = stage
+            else:
+                stages.pop(which, None)
+            if stages:
+                self._report(_building(stages))
+
         try:
-            built = builder.build(announced(), self.device, cuda_arch=self._cuda_arch)
+            built = builder.build(announced(), self.device, cuda_arch=self._cuda_arch, report=report)
         except Exception as e:
             for side in made:
                 try:
@@ -676,6 +685,27 @@ def _signatures(state: _State) -> str:
 def _last(applied: tuple[Entry, ...]) -> Entry:
     """The step's own entry: the last applied, the naive step's where none is."""
     return applied[-1] if applied else Entry("naive")
+
+
+#: what a build is doing to sides at one of its stages (build.STAGES)
+_BUILDING = {
+    builder.PREPARING: "preparing {} for the compiler",
+    builder.STARTING: "starting the compile of {}",
+    builder.WAITING: "waiting for the build folder of {}",
+    builder.GENERATING: "generating code for {}",
+    builder.HEADER: "building DaCe's precompiled header for {}",
+    builder.COMPILING: "compiling {}",
+}
+
+
+def _building(stages: dict[str, str]) -> str:
+    """What a build is doing now, from each side's stage: ``compiling the backward pass; generating code for the
+    forward pass``, ``compiling the backward and forward passes``."""
+    at: dict[str, list[str]] = {}
+    for side, stage in stages.items():
+        at.setdefault(stage, []).append(side)
+    named = {stage: f"the {s[0]} pass" if len(s) == 1 else f"the {' and '.join(s)} passes" for stage, s in at.items()}
+    return "; ".join(_BUILDING[stage].format(sides) for stage, sides in named.items())
 
 
 def _build_order(prog: Program) -> tuple[dace.SDFG | None, dace.SDFG]:

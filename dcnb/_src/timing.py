@@ -249,4 +249,6 @@ class Baselines:
             except Exception as e:
                 self.names = tuple(b for b in self.names if b != "torch_compile")
                 return None, f"torch.compile baseline unavailable: {describe(e)}"
+            finally:
+                self._progress("timing")  # the step's timing, which the session announced, starts only now
         return self._compiled, ""
