@@ -18,9 +18,10 @@ unit: setup
 zoo: setup
 	.venv/bin/python -m pytest --zoo tests/compile/test_zoo.py
 
-# every Hugging Face model (tests/hf_models.py) in eval and training mode (tests/compile/test_hf_models.py)
+# every Hugging Face model (tests/hf_models.py) in eval and training mode (tests/compile/test_hf_models.py), and the
+# session view on a ResNet-18's backward in JupyterLab (tests/ui/test_large_graphs.py)
 models: setup
-	.venv/bin/python -m pytest --models tests/compile/test_hf_models.py
+	.venv/bin/python -m pytest --models tests/compile/test_hf_models.py tests/ui/test_large_graphs.py
 
 # every op of the catalog (tests/ops.py), forward and backward (tests/compile/test_ops.py), and with NaN and
 # infinities in its inputs (tests/compile/test_special_values.py)

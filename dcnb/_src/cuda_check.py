@@ -35,7 +35,7 @@ ARCHES = ("80", "86", "89", "90")
 #: what a CUDA build targets unless a GPU here or the user says otherwise: the H100
 DEFAULT_ARCH = "90"
 
-PENDING, OK, FAILED, SKIPPED = "pending", "ok", "failed", "skipped"
+PENDING, OK, FAILED, SKIPPED, CANCELLED = "pending", "ok", "failed", "skipped", "cancelled"
 
 #: what a build builds: the forward and backward SDFGs, or a function making them
 Sides = list[dace.SDFG | None] | Callable[[], list[dace.SDFG | None]]
@@ -86,6 +86,8 @@ class CudaBuild:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._callbacks: list[Callable[[CudaBuild], None]] = []
+        #: stops the build (Builds.start sets it)
+        self._stop: Callable[[], None] | None = None
         if state != PENDING:
             self._done.set()
 
@@ -99,6 +101,8 @@ class CudaBuild:
         if self.state == OK:
             took = "cached" if not self.seconds else f"{self.seconds:.1f} s"
             return f"CUDA build: ok (sm_{self.arch}, {took})"
+        if self.state == CANCELLED:
+            return f"CUDA build: cancelled (sm_{self.arch})"
         return f"CUDA build: failed (sm_{self.arch}): {self.reason}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +114,11 @@ class CudaBuild:
             "log": self.log,
             "text": self.text,
         }
+
+    def cancel(self) -> None:
+        """Stop the build, running or queued, with its compilers (nothing where it has ended)."""
+        if self._stop is not None and not self._done.is_set():
+            self._stop()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the build has ended (or ``timeout`` seconds); whether it has."""
@@ -184,6 +193,8 @@ class Builds:
         self.arch = arch
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._jobs: list[_Job] = []
+        #: the builds cancel() stopped
+        self._cancelled: set[CudaBuild] = set()
         # the thread waits on children while close kills them: a child reaped in between must not be signalled
         self._lock = threading.Lock()
         self._closed = False
@@ -226,6 +237,7 @@ class Builds:
         finally:
             os.close(wait)
         job = _Job(child, go, status)
+        status._stop = lambda: self._cancel(job)
         with self._lock:
             self._jobs = [j for j in self._jobs if j.child.status is None] + [job]
         self._queue.put(job)
@@ -241,6 +253,14 @@ class Builds:
             for job in self._jobs:
                 job.child.kill()
         self._queue.put(None)
+
+    def _cancel(self, job: _Job) -> None:
+        with self._lock:
+            self._cancelled.add(job.status)
+            job.child.kill()
+            queued = job is not self._running
+        if queued:  # it ends now, not when its turn comes (then it is passed over)
+            job.status._end(CANCELLED)
 
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
@@ -258,6 +278,8 @@ class Builds:
             while not _UNTIMED.wait(0.1) and not self._closed:
                 pass  # a step is being timed: this build waits for its turn until it is done
             with self._lock:
+                if job.status in self._cancelled:
+                    return
                 os.write(job.go, b"g")
                 self._running, self._paused_for = job, 0.0
                 if not _UNTIMED.is_set():  # a timing began just now: paused from its start
@@ -286,6 +308,9 @@ class Builds:
                     )
                     return
             time.sleep(0.1)
+        if job.status in self._cancelled:
+            job.status._end(CANCELLED)
+            return
         if self._closed:
             job.status._end(FAILED, reason="stopped with its session")
             return

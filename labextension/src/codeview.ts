@@ -70,6 +70,18 @@ export class CodeView {
     return height > 0 ? height : LINE_HEIGHT;
   }
 
+  // Say why there is no code to show yet (or none at all) in the panel's place.
+  tell(title: string, why: string): void {
+    this.source = null;
+    this.text.textContent = why;
+    this.lines = 1;
+    this.numbers.textContent = '';
+    this.mark.style.height = '0';
+    this.download.removeAttribute('href');
+    this.title.textContent = title;
+    this.node.style.display = 'flex';
+  }
+
   hide(): void {
     this.node.style.display = 'none';
   }

@@ -14,7 +14,7 @@ export interface Timing {
 
 // The CUDA build a CPU step also makes in the background (dcnb/_src/cuda_check.py): it changes as it goes on.
 export interface CudaData {
-  state: 'pending' | 'ok' | 'failed' | 'skipped';
+  state: 'pending' | 'ok' | 'failed' | 'skipped' | 'cancelled';
   arch: string;
   seconds: number | null;
   reason: string | null;

@@ -38,6 +38,8 @@ export interface GraphViewOptions {
   // the heat colours and the most removed nodes the line under the graph names (its tooltip names them all), as
   // the kernel sends them (the widget's `constants`)
   constants: Constants;
+  // why the picture carries no value of an overlay (shown in the legend's place), or null
+  missing?: (overlay: Overlay) => string | null;
 }
 // how long the wheel rests before the SVG is drawn at the scale it zoomed to
 export const ZOOM_REST_MS = 150;
@@ -628,11 +630,19 @@ export class GraphView {
     return this.options.constants.overlays[overlay] ?? overlay;
   }
 
-  private drawLegend(): void {
+  // The overlay's legend; where no node carries its metric, why not (as the owner tells).
+  drawLegend(): void {
     const overlay = this.overlay;
     const heat = this.nodeHeat();
+    const edges = overlay === 'bytes' && this.layout?.edges.some(e => e.edge.bytes);
+    const why = overlay && !heat && !edges ? this.options.missing?.(overlay) : null;
     this.legend.replaceChildren();
-    this.legend.style.display = overlay && heat ? 'flex' : 'none';
+    this.legend.classList.toggle('dcnb-legend-missing', Boolean(why));
+    this.legend.style.display = (overlay && heat) || why ? 'flex' : 'none';
+    if (why) {
+      this.legend.textContent = why;
+      return;
+    }
     if (!overlay || !heat) {
       return;
     }

@@ -90,7 +90,7 @@ export const DEFAULTS: SessionState = {
 };
 
 // The requests the view sends, by name (widget.py's EVENTS).
-export const EVENTS = ['apply', 'undo', 'reset', 'export', 'show', 'inspect', 'profile'] as const;
+export const EVENTS = ['apply', 'undo', 'reset', 'export', 'show', 'inspect', 'profile', 'cancel_cuda'] as const;
 export type SessionEvent = (typeof EVENTS)[number];
 
 // A request: its event and its arguments (one that may be null may be left out).
@@ -101,4 +101,5 @@ export type SessionMessage =
   | { event: 'export' }
   | { event: 'show'; index?: number | null }
   | { event: 'inspect'; index?: number | null }
-  | { event: 'profile' };
+  | { event: 'profile' }
+  | { event: 'cancel_cuda'; index: number };

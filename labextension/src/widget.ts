@@ -9,7 +9,7 @@ import { CodeView } from './codeview';
 import { el } from './dom';
 import { BeforeData, elapsed, MatchData, percent, Tab } from './format';
 import { GraphView } from './graphview';
-import { displayName, NodeData, Picture } from './layout';
+import { countNodes, displayName, NodeData, Picture } from './layout';
 import { layoutAhead, layoutCached } from './layoutclient';
 import { Overlay, overlayChoices } from './overlay';
 import { DEFAULTS, SessionMessage, SessionState } from './protocol';
@@ -110,7 +110,8 @@ export class SessionView extends DOMWidgetView {
         this.renderCode();
       },
       layout: layoutCached,
-      constants: this.get('constants')
+      constants: this.get('constants'),
+      missing: overlay => this.missing(overlay)
     });
     this.codeView = new CodeView();
     this.whereLine = el('div', 'dcnb-where');
@@ -138,7 +139,11 @@ export class SessionView extends DOMWidgetView {
       this.renderGraph(false);
       this.renderOverlayChoice();
     });
-    this.listenTo(this.model, 'change:inspected', () => this.renderOverlayChoice());
+    this.listenTo(this.model, 'change:inspected', () => {
+      this.renderOverlayChoice();
+      this.graphView.drawLegend();
+      this.renderCode();
+    });
     this.listenTo(this.model, 'change:before', () => {
       // a new step's `before` comes with its `graphs`, which redraw: only a toggle left without pictures redraws
       if (this.previous && !this.hasBefore()) {
@@ -307,6 +312,21 @@ export class SessionView extends DOMWidgetView {
     this.renderCode();
   }
 
+  // Why the shown step's code or metrics are not in the view (null: they are, or the step has none to give):
+  // worked out as the user asks on a graph past the kernel's INSPECT_AT_ONCE nodes; time needs a profile.
+  private missing(what: 'code' | Overlay): string | null {
+    const nodes = Object.values(this.get('graphs')).reduce((n, g) => n + countNodes(g), 0);
+    const inspecting = this.phase.startsWith('reading the generated code');
+    if (what === 'ms') {
+      return `no kernel of step ${this.shown()} is timed yet: Profile times each kernel of the current step`;
+    }
+    if (this.get('inspected')) {
+      return what === 'code' ? null : `no node of this picture carries ${this.get('constants').overlays[what] ?? what}`;
+    }
+    const asked = `the code and the bytes and FLOPs of a graph of ${nodes} nodes are worked out when asked`;
+    return inspecting ? `${asked}: working them out now…` : `${asked}: asked for, once the kernel is free`;
+  }
+
   // The overlay selector: there where some node or memlet carries a metric, or where the kernel can work them out.
   private renderOverlayChoice(): void {
     const graphs = this.get('graphs');
@@ -343,15 +363,24 @@ export class SessionView extends DOMWidgetView {
     this.whereLine.style.display = this.whereLine.children.length ? '' : 'none';
   }
 
-  // The generated code of the node whose details are shown, where the kernel sent it.
+  // The generated code of the node whose details are shown, where the kernel sent it; where it has not yet, why.
   private renderCode(): void {
     const node = this.detailed;
     const sources = this.get('sources');
     const source = sources[this.tab];
     const range = node?.guid && source ? source.nodes[node.guid] : undefined;
     // the code is the shown step's: a node of the step before may have none or other lines
-    if (!node || !source || !range || this.previous || !CODE_KINDS.has(node.kind)) {
+    if (!node || this.previous || !CODE_KINDS.has(node.kind)) {
       this.codeView.hide();
+      return;
+    }
+    if (!source || !range) {
+      const why = this.missing('code');
+      if (why) {
+        this.codeView.tell(displayName(node), why);
+      } else {
+        this.codeView.hide();
+      }
       return;
     }
     const filename = `${this.get('variable') || 'session'}.${this.tab}.${source.language === 'cuda' ? 'cu' : 'cpp'}`;
@@ -480,6 +509,10 @@ export class SessionView extends DOMWidgetView {
       this.phaseSince = now;
     }
     this.phase = busy;
+    if (!this.get('inspected')) {
+      this.graphView.drawLegend();
+      this.renderCode();
+    }
     if (busy && this.ticker === null) {
       this.ticker = window.setInterval(() => this.renderStatus(), 1000);
     } else if (!busy) {
@@ -570,6 +603,12 @@ export class SessionView extends DOMWidgetView {
         this.result.appendChild(el('div', 'dcnb-note', `The session stays at step ${current}.`));
       }
       this.result.appendChild(el('div', 'dcnb-summary', shown.summary));
+      if (shown.cuda?.state === 'pending') {
+        const stop = el('button', 'dcnb-small dcnb-cancel-cuda', 'Cancel the CUDA build');
+        stop.title = `stop step ${shown.index}'s CUDA build in the background, with its compilers`;
+        stop.addEventListener('click', () => this.request({ event: 'cancel_cuda', index: shown.index }));
+        this.result.appendChild(stop);
+      }
       if (shown.cuda?.log) {
         const log = el('details', 'dcnb-log');
         log.append(el('summary', '', 'CUDA build log'), el('pre', '', shown.cuda.log));

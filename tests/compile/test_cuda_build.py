@@ -218,6 +218,37 @@ def test_a_background_build_is_stopped_while_a_step_is_timed(fresh_cache, monkey
         builds.close()
 
 
+def test_the_view_cancels_a_running_and_a_queued_cuda_build_with_their_compilers(fresh_cache):
+    session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0, cuda_build=True)
+    builds = session._cuda_builds
+    widget = SessionWidget(session)
+    try:
+        assert session.apply("tasklet_fusion").ok  # its build queued behind the naive step's
+        deadline = time.monotonic() + 30
+        while builds._running is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        running, queued = session.history[0].cuda, session.history[1].cuda
+        pid = builds._running.child.pid
+        assert builds._running.status is running and queued.state == "pending"
+        for index, build in ((1, queued), (0, running)):
+            start = time.monotonic()
+            request = {"method": "custom", "content": {"event": "cancel_cuda", "index": index}}
+            widget._handle_msg({"content": {"data": request}, "buffers": []})
+            assert build.wait(2) and time.monotonic() - start < 2
+            assert build.state == "cancelled" and build.text == "CUDA build: cancelled (sm_90)", build.text
+            assert widget.message == f"step {index}: CUDA build: cancelled (sm_90)"
+        # the build's process and its compilers are gone, and the view shows it without a request
+        deadline = time.monotonic() + 2
+        while _states(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _states(pid)
+        assert [s["cuda"]["state"] for s in widget._steps()] == ["cancelled", "cancelled"]
+        widget._handle_msg({"content": {"data": request}, "buffers": []})
+        assert widget.message == "step 0 has no CUDA build under way to cancel"
+    finally:
+        builds.close()
+
+
 def test_a_step_that_does_not_build_for_cuda_says_why_and_stays_good(monkeypatch):
     # an architecture nvcc does not know, past the option's check: nvcc refuses it as it refuses code it cannot build
     monkeypatch.setattr(cuda_check, "ARCHES", (*cuda_check.ARCHES, "12"))

@@ -42,7 +42,7 @@ def cells(length: int) -> list[str]:
         f"%%dcoptimize --inputs torch.randn(3,5,16) --baselines torch --time-budget 0.1 --as block\n{BLOCK}",
         # a sequence length no earlier run built: this session's steps are real builds, long enough to watch (four
         # blocks: one compiles in 2.4 s on a fast machine, too close to the 2 s the test waits to see)
-        f"%%dcoptimize --inputs torch.randn(2,{length},16) --baselines torch --time-budget 0.1 --as slow --class Deep\n"
+        f"%%dcoptimize --inputs torch.randn(2,{length},16) --baselines torch --time-budget 2 --as slow --class Deep\n"
         f"{BLOCK}\n\n\nclass Deep(nn.Sequential):\n    def __init__(self):\n"
         "        super().__init__(*(PreNormResidual() for _ in range(4)))",
         # names, removed nodes and code are text, never markup
@@ -128,6 +128,27 @@ SHARED_LABEL_PLACE = """(items, root) => {
         return guids.length > 0 && nodes.filter(g => labels.has(g.dataset.label)).length > guids.length;
     });
 }"""
+
+
+# Wait until the view's status names the phase, click Cancel at once, and wait until the view is no longer busy;
+# the milliseconds from the click to then.
+CANCEL_IN = """(root, phase) => new Promise((resolve, reject) => {
+    const status = root.querySelector('.dcnb-status');
+    let clicked = null;
+    const look = () => {
+        if (clicked === null && status.classList.contains('dcnb-busy') && status.textContent.includes(phase)) {
+            clicked = performance.now();
+            root.querySelector('button.dcnb-cancel').click();
+        } else if (clicked !== null && !status.classList.contains('dcnb-busy')) {
+            watch.disconnect();
+            resolve(performance.now() - clicked);
+        }
+    };
+    const watch = new MutationObserver(look);
+    watch.observe(status, { subtree: true, childList: true, characterData: true, attributes: true });
+    look();
+    setTimeout(() => reject(new Error(`no ${phase}, or no end: ${status.textContent}`)), 180000);
+})"""
 
 
 class Checks:
@@ -379,6 +400,21 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
         expect(slow.locator(".dcnb-history tr.dcnb-current th, .dcnb-history tr.dcnb-current td").first).to_have_text("0")
 
     check("Cancel", cancel)
+
+    # Cancel in each phase of a step: clicked as the status names the phase, the step stops within 2 s, is
+    # recorded as cancelled in that phase, and the session stays at step 0
+    for phase in ("generating the backward pass", "compiling", "checking against PyTorch", "timing"):
+
+        def cancel_in(phase=phase):
+            slow.locator("button[data-action=tasklet_fusion]").click()
+            took = slow.evaluate(CANCEL_IN, phase)
+            message = status.inner_text()
+            assert took < 2000, f"{took:.0f} ms from the click to the step's end ({message})"
+            assert f"cancelled while {phase}" in message, message
+            expect(slow.locator(".dcnb-history tr.dcnb-current th, .dcnb-history tr.dcnb-current td").first).to_have_text("0")
+            slow.screenshot(path=str(artifacts / f"ui-prenorm-cancelled-{phase.split()[0]}.png"))
+
+        check(f"Cancel while {phase}", cancel_in)
 
     # the hostile names and code arrive as text
     evil = notebook.locator(LIVE).nth(2)

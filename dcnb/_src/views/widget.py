@@ -50,6 +50,7 @@ EVENTS: dict[str, dict[str, Any]] = {
     "show": {"index": int | None},
     "inspect": {"index": int | None},
     "profile": {},
+    "cancel_cuda": {"index": int},
 }
 #: the values the view draws by that the static rendering shares (``constants``; the view falls back on these,
 #: generated into protocol.ts, where a saved output lacks them)
@@ -310,6 +311,7 @@ class SessionWidget(ipywidgets.DOMWidget):
             "show": lambda: self.show(content.get("index")),
             "inspect": lambda: self.inspect(content.get("index")),
             "profile": self.run_profile,
+            "cancel_cuda": lambda: self.cancel_cuda(content.get("index")),
         }
 
     def _run(self, request: Callable[[], str | None]) -> None:
@@ -389,6 +391,15 @@ class SessionWidget(ipywidgets.DOMWidget):
         self._shown = None
         self.session.reset()
         return "back at the naive step"
+
+    def cancel_cuda(self, index: int | None) -> str:
+        """Stop the background CUDA build of step ``index`` (running or queued) with its compilers."""
+        step = next((s for s in self.session.history if s.index == index), None)
+        if step is None or step.cuda is None or step.cuda.state != PENDING:
+            raise DcnbError(f"step {index} has no CUDA build under way to cancel")
+        step.cuda.cancel()
+        step.cuda.wait(2)
+        return f"step {index}: {step.cuda.text}"
 
     def export_recipe(self, path: str | None = None) -> str:
         """Write the recipe next to the notebook, for ``%%dcoptimize --recipe``."""

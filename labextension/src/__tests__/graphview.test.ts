@@ -22,12 +22,13 @@ interface Parts {
   selections: string[][];
 }
 
-function makeView(constants: Constants = DEFAULTS.constants): Parts {
+function makeView(constants: Constants = DEFAULTS.constants, missing?: (overlay: string) => string | null): Parts {
   const selections: string[][] = [];
   const view = new GraphView({
     onSelect: labels => selections.push(labels),
-    layout: (g, collapsed) => Promise.resolve(layoutGraph(g, collapsed)),
-    constants
+    layout: (g, collapsed, seed) => Promise.resolve(layoutGraph(g, collapsed, seed)),
+    constants,
+    missing
   });
   const [row, removed] = (view.node as unknown as FakeElement).children;
   const [canvas, , legend, details] = row.children;
@@ -229,6 +230,48 @@ test('an overlay colours the nodes that carry the metric, on a log scale with a 
   assert.ok(labels.includes('x[0:4] (2.05 kB)'), labels.join('|'));
   parts.view.setOverlay(null);
   assert.ok(!drawn(parts.root).get('s0n1.t')!.classList.contains('dcnb-heat'));
+  parts.view.dispose();
+});
+
+test('an overlay no node carries says why in the legend, as the owner tells, until the values come', async () => {
+  let why: string | null = 'worked out when asked: working them out now…';
+  const parts = makeView(DEFAULTS.constants, overlay => (overlay === 'flops' ? why : null));
+  const picture = nestedPicture(1);
+  parts.view.setGraph(picture, [], true);
+  await settle();
+  parts.view.setOverlay('flops');
+  assert.equal(parts.legend.style.display, 'flex');
+  assert.equal(parts.legend.textContent, why);
+  assert.ok(parts.legend.classList.contains('dcnb-legend-missing'));
+  // the values came: the legend is the scale again
+  picture.states[0].nodes[1].sdfg!.states[0].nodes.find(n => n.id === 's0n1.t')!.metrics = { flops: 10 };
+  why = null;
+  parts.view.setGraph({ ...picture }, [], false);
+  await settle();
+  assert.ok(!parts.legend.classList.contains('dcnb-legend-missing'));
+  assert.equal(parts.legend.children[2].textContent, '10 FLOP');
+  parts.view.dispose();
+});
+
+test('a drag that starts on a node pans the view and selects nothing; a click selects', async () => {
+  const parts = makeView();
+  const picture = nestedPicture(1);
+  resize(parts.canvas, 800, 480);
+  parts.view.setGraph(picture, [], true);
+  await settle();
+  const before = transform(parts.root);
+  const t = drawn(parts.root).get('s0n1.t')!;
+  parts.canvas.dispatch('mousedown', { clientX: 10, clientY: 10 });
+  (globalThis as any).window.dispatch('mousemove', { clientX: 70, clientY: 40 });
+  (globalThis as any).window.dispatch('mouseup', {});
+  t.dispatch('click', { shiftKey: false });
+  const after = transform(parts.root);
+  assert.deepEqual([after.x - before.x, after.y - before.y], [60, 30]);
+  assert.deepEqual(parts.selections, []);
+  parts.canvas.dispatch('mousedown', { clientX: 70, clientY: 40 });
+  (globalThis as any).window.dispatch('mouseup', {});
+  t.dispatch('click', { shiftKey: false });
+  assert.deepEqual(parts.selections, [['s0n1.t']]);
   parts.view.dispose();
 });
 
