@@ -156,11 +156,11 @@ export class GraphView {
   }
 
   // The name the view shows for a label a selection or a place holds: its node's readable name in this picture
-  // (the first node of that label), else the label as it is.
+  // (each one the nodes of that label have), else the label as it is.
   nameOf(label: string): string {
     for (const node of this.tree?.byId.values() ?? []) {
       if (node.label === label) {
-        return displayName(node);
+        return [...new Set([...this.tree!.byId.values()].filter(n => n.label === label).map(displayName))].join(' / ');
       }
     }
     return label;

@@ -165,7 +165,7 @@ def test_one_match_a_step_against_its_parent_code_profile_and_cancel(fresh_cache
     assert len(described) == 4, "the step's two pictures and the two of the step it was made from, once each"
     assert w.profile["step"] == 2 and w.profile["rows"] and w.profile["eager"], w.message
     timed = {n["guid"] for n in graph.all_nodes(w.graphs["forward"]) if "ms" in n.get("metrics", {})}
-    assert timed and timed <= {row["guid"] for row in w.profile["rows"]}
+    assert timed and timed <= {guid for row in w.profile["rows"] for guid in row["guids"]}
     # and in the saved rendering: the kernels table as the widget names them, the graph coloured by time
     page = w._repr_mimebundle_()["text/html"]
     kernels = re.search(r"<table class='[^']*dcnb-kernels.*?</table>", page, re.DOTALL)

@@ -10,7 +10,7 @@ from tests.models import Mish
 from tests.zoo import CASES
 
 import dcnb
-from dcnb._src.views import profile
+from dcnb._src.views import graph, profile
 
 pytestmark = pytest.mark.compile
 
@@ -89,6 +89,17 @@ def test_the_matrix_products_fuse_rows_expanded_are_timed():
         assert blas_calls, side
         timed = {k["guid"] for k in found["kernels"] if k["side"] == side and k["ms"] > 0}
         assert blas_calls <= timed, side
+    # the table: a row per op and side, named as the graphs draw the op (a GEMM's BLAS call and its backward's two
+    # read as the product's, not einsum_gemmgemm), the kernels of the op summed
+    rows = profile.table(session)["rows"]
+    assert len({(r["side"], r["name"]) for r in rows}) == len(rows) < len(found["kernels"])
+    assert sorted(g for r in rows for g in r["guids"]) == sorted(k["guid"] for k in found["kernels"])
+    assert sum(r["ms"] for r in rows) == pytest.approx(sum(k["ms"] for k in found["kernels"]))
+    named = {(r["side"], r["name"]) for r in rows}
+    assert {("forward", "0 · MatMul"), ("backward", "0 · MatMul (backward)")} <= named
+    drawn = {g: how for sdfg in session.compiled_sdfgs() for g, how in graph.named_by_guid(sdfg).items()}
+    assert all(drawn[guid].op == r["name"] for r in rows for guid in r["guids"])
+    assert not [r["name"] for r in rows if "einsum" in r["name"] or "column_tiles" in r["name"]]
 
 
 def test_copies_inside_maps_get_no_timer(tmp_path):

@@ -128,7 +128,7 @@ def test_the_picture_names_what_dace_mangled_and_keeps_its_labels():
     # labels stay DaCe's (what `where` matches); names are the module's, and details start with DaCe's name
     weight = drawn["access", "ln1DOTweight"]
     assert weight["name"] == "ln1.weight" and next(iter(weight["info"].items())) == ("DaCe name", "ln1DOTweight")
-    assert drawn["access", "SLASHln1SLASHMul_output_0"]["name"] == "ln1 · Mul:0"
+    assert drawn["access", "SLASHln1SLASHMul_output_0"]["name"] == "ln1 · Mul output"
     assert drawn["tasklet", "SLASHln1SLASHMul"]["name"] == "ln1 · Mul"
     assert drawn["map_entry", "SLASHln1SLASHMul_map"]["name"] == "ln1 · Mul"
     assert drawn["access", "x"]["name"] == "x" and "DaCe name" not in drawn["access", "x"]["info"]

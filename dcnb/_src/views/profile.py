@@ -97,16 +97,29 @@ def measured(session: Any, index: int | None = None) -> dict[str, Any] | None:
 
 def table(session: Any, index: int | None = None) -> dict[str, Any] | None:
     """The profile of good step ``index`` (the current one by default) as the views show it, None where it was
-    not profiled: its ``step``, the top kernels (``rows``: ``run``'s, each named as the graphs draw its node),
-    PyTorch eager's top ops (``eager``), ``step_ms`` and ``torch_ms``."""
+    not profiled: its ``step``, the top kernels (``rows``), PyTorch eager's top ops (``eager``), ``step_ms`` and
+    ``torch_ms``.
+
+    A row is an op on a side, named as the graphs draw it (``graph.Named.op``): the kernels ``run`` timed of that
+    op (an expansion's maps, reductions and BLAS calls) summed, their ``guids``, and the ``guid`` of the slowest,
+    which the view shows when the row is clicked."""
     found = measured(session, index)
     if found is None:
         return None
     sdfgs = session.compiled_sdfgs(index)
-    drawn = {guid: name for sdfg in sdfgs if sdfg is not None for guid, name in graph.names_by_guid(sdfg).items()}
+    drawn = {guid: how for sdfg in sdfgs if sdfg is not None for guid, how in graph.named_by_guid(sdfg).items()}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for kernel in found["kernels"]:  # (slowest first)
+        op = drawn[kernel["guid"]].op if kernel["guid"] in drawn else names.readable(kernel["name"])
+        row = rows.get((kernel["side"], op))
+        if row is None:
+            rows[kernel["side"], op] = dict(kernel, name=op, guids=[kernel["guid"]])
+        else:
+            row.update(ms=row["ms"] + kernel["ms"], share=row["share"] + kernel["share"])
+            row["guids"].append(kernel["guid"])
     return {
         "step": session.current.index if index is None else index,
-        "rows": [dict(k, name=drawn.get(k["guid"]) or names.readable(k["name"])) for k in found["kernels"]],
+        "rows": sorted(rows.values(), key=lambda row: -row["ms"]),
         "eager": found["torch"],
         "step_ms": found["step_ms"],
         "torch_ms": found["torch_ms"],

@@ -40,6 +40,7 @@ from dace.codegen import codegen
 from dace.config import Config, temporary_config
 from dace.sdfg import nodes
 
+from .. import names
 from ..analysis import Analysis
 from ..errors import DcnbError
 
@@ -91,7 +92,10 @@ def _read(sdfg: dace.SDFG, folder: pathlib.Path, analysis: Analysis | None = Non
     is not kept beside the result), else from a copy generated again here."""
     listed = folder / "dace_files.csv"
     if not listed.exists():
-        raise DcnbError(f"no generated code for {sdfg.name} in {folder}: the build folder is gone (cache cleared?)")
+        raise DcnbError(
+            f"no generated code for {names.readable_sdfg(sdfg.name)} in {folder}: the build folder is gone "
+            "(cache cleared?)"
+        )
     paths = _source_paths(listed)
     kept = None if analysis is None else analysis.take(f"{_COPY} {side}")
     generated_copy, annotated, expanded = kept or _generate_again(sdfg, folder)

@@ -269,14 +269,16 @@ class SessionWidget(ipywidgets.DOMWidget):
             }
             for a in offers
         ]
-        names = self._names()
+        names, by_guid = self._names()
         self._places = {a.name: list(a.at) for a in offers if a.at}
         self.matches = {
             name: [
                 {
                     "side": place.side,
                     "labels": list(place.labels),
-                    "names": [names.get(x, x) for x in place.labels],
+                    # by its nodes where the picture has them: nodes of one label may be of different ops
+                    "names": list(dict.fromkeys(by_guid[g] for g in place.guids if g in by_guid))
+                    or [names.get(x, x) for x in place.labels],
                     "guids": list(place.guids),
                 }
                 for place in at
@@ -284,13 +286,15 @@ class SessionWidget(ipywidgets.DOMWidget):
             for name, at in self._places.items()
         }
 
-    def _names(self) -> dict[str, str]:
-        """Node label -> the readable name the current pictures draw it with."""
-        found: dict[str, str] = {}
+    def _names(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The readable names the current pictures draw: by node label (its first node's), and by node guid."""
+        by_label: dict[str, str] = {}
+        by_guid: dict[str, str] = {}
         for picture in self.graphs.values():
             for node in graph.all_nodes(picture) if picture is not None else ():
-                found.setdefault(node["label"], node.get("name", node["label"]))
-        return found
+                by_label.setdefault(node["label"], node.get("name", node["label"]))
+                by_guid[node["guid"]] = node.get("name", node["label"])
+        return by_label, by_guid
 
     # --- requests from the view -----------------------------------------------------------------------------------
 
