@@ -217,7 +217,9 @@ export class GraphView {
     }
     this.choose([node.label], node);
     const closed = ancestors(this.tree, node.id).filter(id => this.collapsed.has(id));
+    // the node asked for, not what the step changed (a tab switched to show it asked for that)
     this.focusPending = node.id;
+    this.framePending = null;
     if (closed.length) {
       closed.forEach(id => this.collapsed.delete(id));
       this.redraw(false);

@@ -551,11 +551,12 @@ export class SessionView extends DOMWidgetView {
     if (!profile.rows?.length) {
       return;
     }
-    const kernels = profileTable(`Top kernels (step ${profile.step ?? ''})`, ['kernel', 'side', 'ms', 'share']);
+    // one row per op, its kernels summed (the slowest shown in the graph on a click)
+    const kernels = profileTable(`dcnb: top ops (step ${profile.step ?? ''})`, ['op', 'side', 'ms', 'share']);
     for (const row of profile.rows) {
       const tr = profileRow(kernels, [row.name, row.side, row.ms.toFixed(3), percent(row.share)]);
       tr.classList.toggle('dcnb-clickable', true);
-      tr.title = 'show this kernel in the graph';
+      tr.title = "show this op's slowest kernel in the graph";
       tr.addEventListener('click', () => this.showKernel(row.side, row.guid));
     }
     this.profileBox.appendChild(kernels);

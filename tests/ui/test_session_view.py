@@ -336,6 +336,9 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
         expect(kernels).to_be_visible(timeout=180_000)
         kernels.locator("tr.dcnb-clickable").first.click()
         expect(block.locator(".dcnb-node.dcnb-selected").first).to_be_attached()
+        page.wait_for_timeout(300)
+        # (the kernel may be a nested SDFG, drawn open: its box is in view where it meets the canvas)
+        assert block.evaluate(IN_VIEW.replace("g.dcnb-node", "g.dcnb-node.dcnb-selected")), "the kernel is not in view"
         block.screenshot(path=str(artifacts / "ui-prenorm-profile.png"))
         block.locator(".dcnb-selection button").click()
 
@@ -364,6 +367,19 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
 
     check("auto_optimize: nested SDFGs open, in view", after_auto_optimize)
     block.screenshot(path=str(artifacts / "ui-prenorm-auto-optimize.png"))
+
+    def history_row_in_view():
+        block.get_by_role("button", name="Fit").click()
+        block.locator(".dcnb-history tr.dcnb-ok").nth(1).click()  # tasklet_fusion's
+        expect(block.locator(".dcnb-where")).to_contain_text("Showing step 1", timeout=60_000)
+        page.wait_for_timeout(500)
+        inside, marked = block.evaluate(ALL_IN_VIEW, changes)
+        assert inside == marked > 0, f"{inside} of the {marked} nodes step 1 changed in view"
+        block.screenshot(path=str(artifacts / "ui-prenorm-history-row.png"))
+        block.locator(".dcnb-where button.dcnb-back").click()
+        expect(block.locator(".dcnb-where")).to_be_hidden(timeout=60_000)
+
+    check("a history row shows what its step changed, in view", history_row_in_view)
 
     # four blocks, past INSPECT_AT_ONCE nodes (505, forward and backward): the pictures come without the code and
     # the metrics, the view asks for them as an overlay is chosen, and the overlays appear

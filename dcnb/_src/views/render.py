@@ -84,10 +84,11 @@ def to_html(session: Session) -> str:
 
 
 def profile_html(found: dict[str, Any]) -> str:
-    """The top kernels of a profiled step (``profile.table``) beside PyTorch eager's top ops, as tables."""
+    """The top ops of a profiled step (``profile.table``: its kernels summed per op) beside PyTorch eager's top ops,
+    as tables."""
     kernels = Table(
         "kernels",
-        ("kernel", "side", "ms", "share"),
+        ("op", "side", "ms", "share"),
         tuple(Row((k["name"], k["side"], f"{k['ms']:.3f}", f"{k['share']:.0%}")) for k in found["rows"][:TOP_SHOWN]),
         caption=f"step {found['step']}, instrumented: {found['step_ms']:.3f} ms per forward+backward",
         left=(0, 1),
@@ -100,7 +101,7 @@ def profile_html(found: dict[str, Any]) -> str:
         left=(0,),
     )
     return (
-        "<h5 style='margin: 8px 0 4px'>Profile: top kernels</h5>"
+        "<h5 style='margin: 8px 0 4px'>Profile: top ops, their kernels summed</h5>"
         "<div style='display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start'>"
         f"<div>{table_html(kernels)}</div><div>{table_html(eager)}</div></div>"
     )

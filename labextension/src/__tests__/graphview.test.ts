@@ -293,6 +293,21 @@ test('focus on a guid expands what holds the node, selects it and centres it', a
   parts.view.dispose();
 });
 
+test('focus right after another step is shown wins over bringing the step\'s changes into view', async () => {
+  const parts = makeView();
+  resize(parts.canvas, 160, 90);
+  const picture = nestedPicture(2);
+  picture.states[0].nodes[0].change = 'added';
+  picture.states[0].nodes[1].sdfg!.states[0].nodes.find(n => n.id === 's0n1.t')!.guid = 'g-t';
+  parts.view.setGraph(picture, [], true, true);
+  assert.equal(parts.view.focus('g-t'), true);
+  await settle();
+  resize(parts.canvas, 160, 90);
+  assert.ok(visible(parts, picture, 's0n1.t'));
+  assert.ok(!visible(parts, picture, 's0n0'));
+  parts.view.dispose();
+});
+
 test("hovering a place highlights its nodes, or the collapsed scope that hides them", async () => {
   const parts = makeView();
   parts.view.setGraph(nestedPicture(2), [], true);
