@@ -8,6 +8,7 @@ from dcnb._src.errors import InputError as InputError
 from dcnb._src.errors import UnsupportedOpError as UnsupportedOpError
 from dcnb._src.module import DcnbModule as DcnbModule
 from dcnb._src.record import Step as Step
+from dcnb._src.search import SearchResult as SearchResult
 from dcnb._src.session import Session as Session
 from dcnb._src.session import optimize as optimize
 from dcnb._src.session import replay as replay
@@ -31,6 +32,7 @@ __all__ = [
     "DcnbError",
     "DcnbModule",
     "InputError",
+    "SearchResult",
     "Session",
     "Step",
     "load_ipython_extension",

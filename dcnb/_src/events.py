@@ -21,5 +21,5 @@ def count() -> Iterator[collections.Counter]:
     _listeners.append(counter)
     try:
         yield counter
-    finally:
-        _listeners.remove(counter)
+    finally:  # by identity: an equal counter of a block around this one listens on
+        _listeners[:] = [c for c in _listeners if c is not counter]

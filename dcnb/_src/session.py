@@ -18,6 +18,7 @@ from torch import nn
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
 from . import actions, arguments, cuda_check, diff, events, native, passes, probe, program, timing, verify, workdir
+from . import search as search_module
 from .analysis import Analysis
 from .errors import DcnbError, InputError, StepError, check, describe
 from .frontend import Imported, import_module
@@ -401,6 +402,24 @@ class Session:
             step = state.step
         self._history.append(step)
         return step
+
+    def search(
+        self,
+        budget: float,
+        objective: str = "time",
+        actions: Sequence[str | dict[str, Any]] | None = None,
+        beam: int = search_module.BEAM,
+        depth: int = search_module.DEPTH,
+        seed: int = 0,
+    ) -> search_module.SearchResult:
+        """Find a recipe: a beam search from the current step over sequences of ``actions`` (names, or recipe
+        entries with options; default: every action on offer), each extended by every action that matches at its
+        end, the ``beam`` best of each length kept, up to ``depth`` actions long, until ``budget`` seconds are
+        spent (a candidate begun is finished). Every candidate is built, checked and timed as a step is, but kept
+        out of the history; ``objective`` "time" ranks by dcnb's time over eager's, "memory" by the intermediate
+        bytes, then time; ties are broken by ``random.Random(seed)``. The best becomes ordinary steps (``apply``
+        for each of its entries); the result holds every candidate tried, failed ones with their reason."""
+        return search_module.search(self, budget, objective, actions, beam, depth, seed)
 
     def undo(self) -> Step:
         """Go back to the state before the last successful step; returns the step now current."""

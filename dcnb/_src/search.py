@@ -1,0 +1,431 @@
+"""Search: dcnb finds the recipe. A beam search over sequences of actions from a session's current step, each
+candidate built, checked against PyTorch and timed exactly as a step is (``Session._advance``), without touching the
+session's history; the best then becomes ordinary steps (``Session.apply`` for each of its entries).
+
+Why a beam search: a recipe is a short sequence (the best ones known are one to three actions long), the actions
+that match change with each step taken (``expand`` opens what ``map_fusion`` then fuses; ``tasklet_fusion`` leaves
+nothing for ``map_fusion``), and which sequence wins changes with the model, so only trying tells. Each candidate
+costs a compile, a check and a timing (seconds, not microseconds), which rules out search methods that need
+thousands of samples; a beam keeps the ``beam`` best candidates of each length and extends only those, so that a
+search of depth d tries at most ``beam * actions * d`` candidates, and the most promising first when the budget cuts
+it short. A candidate's compiled SDFGs name their content (the build cache's key): a sequence that ends where
+another ended is recorded, and not extended twice. Builds are cached by content, so a second search of the same
+module, in this process or another, compiles nothing it compiled before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import actions, events, verify, workdir
+from .errors import DcnbError, describe
+from .names import readable_label
+from .recipe import Entry
+from .record import MIB, Row, Step, Table
+
+if TYPE_CHECKING:
+    from .session import Session, _State
+
+OBJECTIVES = ("time", "memory")
+#: how many candidates of each length a search keeps to extend, and how long its sequences get, by default
+BEAM = 3
+DEPTH = 3
+
+#: the table's columns; a failed candidate's row ends in its reason
+COLUMNS = (
+    "#", "from", "recipe", "ok", "interm. MiB", "compile s", "dcnb ms", "torch ms", "torch.compile ms", "vs torch"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One sequence of actions a search tried from its start (``recipe``: the entries after the start's recipe)."""
+
+    #: its place in the order the search tried candidates (0: the start itself, as the session held it)
+    index: int
+    recipe: tuple[Entry, ...]
+    #: the candidate it extends (None for the start)
+    parent: int | None
+    ok: bool
+    #: why it failed (the step's error: it matched nothing, did not compile, broke correctness)
+    error: str | None = None
+    #: its record, as a step of that recipe would be (None where it failed)
+    step: Step | None = None
+    #: wall seconds its build, check and timing took
+    seconds: float = 0.0
+    #: an earlier candidate that compiled to the same SDFGs (it is not extended again)
+    same_as: int | None = None
+
+    def _median(self, name: str) -> float | None:
+        if self.step is None or name not in self.step.timings:
+            return None
+        return self.step.timings[name].median
+
+    @property
+    def dcnb_ms(self) -> float | None:
+        return self._median("dcnb")
+
+    @property
+    def torch_ms(self) -> float | None:
+        return self._median("torch")
+
+    @property
+    def torch_compile_ms(self) -> float | None:
+        return self._median("torch_compile")
+
+    @property
+    def ratio(self) -> float | None:
+        """dcnb's median time over eager's, each from the candidate's own interleaved run (below 1: faster)."""
+        if self.dcnb_ms is None or not self.torch_ms:
+            return None
+        return self.dcnb_ms / self.torch_ms
+
+    @property
+    def intermediate_bytes(self) -> int | None:
+        return None if self.step is None else self.step.intermediate_bytes
+
+    @property
+    def title(self) -> str:
+        """The recipe after the start, as the history names its steps: ``tasklet_fusion, vectorization``."""
+        return ", ".join(_title(e) for e in self.recipe) or "start"
+
+    def score(self, objective: str) -> tuple[float, ...]:
+        """What the search minimises: time, dcnb's time relative to eager's (its own median where eager was not
+        timed); memory, the intermediate bytes, then time."""
+        time_ = self.ratio if self.ratio is not None else self.dcnb_ms
+        time_ = math.inf if time_ is None else time_
+        if objective == "memory":
+            memory = self.intermediate_bytes
+            return (math.inf if memory is None else float(memory), time_)
+        return (time_,)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable row of the table."""
+        return {
+            "index": self.index,
+            "recipe": [e.to_json() for e in self.recipe],
+            "parent": self.parent,
+            "ok": self.ok,
+            "error": self.error,
+            "dcnb_ms": self.dcnb_ms,
+            "torch_ms": self.torch_ms,
+            "torch_compile_ms": self.torch_compile_ms,
+            "ratio": self.ratio,
+            "intermediate_bytes": self.intermediate_bytes,
+            "compile_seconds": None if self.step is None else self.step.compile_seconds,
+            "seconds": self.seconds,
+            "same_as": self.same_as,
+        }
+
+    def cells(self) -> tuple[str, ...]:
+        head = (str(self.index), "" if self.parent is None else str(self.parent), self.title)
+        if not self.ok:
+            return (*head, "no", self.error or "")
+        step = self.step
+        assert step is not None
+        speedup = step.speedup()
+        same = f" (= #{self.same_as})" if self.same_as is not None else ""
+        return (
+            *head,
+            "yes" + same,
+            _num(None if step.intermediate_bytes is None else step.intermediate_bytes / MIB, "{:.2f}"),
+            _num(step.compile_seconds, "{:.1f}"),
+            _num(self.dcnb_ms, "{:.3f}"),
+            _num(self.torch_ms, "{:.3f}"),
+            _num(self.torch_compile_ms, "{:.3f}"),
+            _num(speedup, "{:.2f}x"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """What ``Session.search`` tried and found: every candidate in the order tried (``candidates``; the start is
+    the first), the best on the objective, and the steps it became in the session's history."""
+
+    objective: str
+    budget: float
+    beam: int
+    depth: int
+    seed: int
+    #: the session's recipe where the search started; each candidate's recipe follows it
+    start_recipe: list[dict[str, Any]]
+    candidates: tuple[Candidate, ...]
+    best: Candidate
+    #: the steps the best's recipe became in the history, applied after the search (empty where the start is best)
+    steps: tuple[Step, ...]
+    #: wall seconds the exploration took (the replay of the best not included)
+    seconds: float
+    #: compiles the exploration made (0: every binary came from the build cache)
+    builds: int
+    #: why it stopped: "budget spent", "depth reached" or "nothing left to extend"
+    stopped: str
+    #: where replaying the best failed (it holds on its own run: this is rare), why; the session stays at the last
+    #: good step then
+    replay_error: str | None = None
+
+    @property
+    def start(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def recipe(self) -> list[dict[str, Any]]:
+        """The best's whole recipe, the start's included: what ``dcnb.replay`` takes."""
+        return [*self.start_recipe, *(e.to_json() for e in self.best.recipe)]
+
+    def table(self) -> Table:
+        """Every candidate in a row, the best marked (the row the views mark as current)."""
+        rows = tuple(Row(c.cells(), ok=c.ok, current=c.index == self.best.index) for c in self.candidates)
+        return Table("search", COLUMNS, rows, caption=self.headline, left=(2,))
+
+    @property
+    def headline(self) -> str:
+        tried = len(self.candidates) - 1
+        failed = sum(not c.ok for c in self.candidates)
+        return (
+            f"search for {self.objective} (beam {self.beam}, depth {self.depth}, seed {self.seed}): {tried} "
+            f"candidates ({failed} failed) in {self.seconds:.0f} s of {self.budget:g} s, {self.builds} compiles; "
+            f"stopped: {self.stopped}"
+        )
+
+    def summary(self) -> str:
+        """The best against the start, in one line."""
+        best, start = self.best, self.start
+        if best.index == start.index:
+            return "best: the start (no candidate did better)"
+        if self.objective == "memory":
+            measured = f"{_mib(best.intermediate_bytes)} intermediate MiB against {_mib(start.intermediate_bytes)}"
+        elif best.ratio is not None and start.ratio is not None:  # as the table: eager's time over dcnb's
+            measured = f"{1 / best.ratio:.2f}x vs torch against {1 / start.ratio:.2f}x"
+        else:
+            measured = f"{_num(best.dcnb_ms, '{:.3f}')} ms against {_num(start.dcnb_ms, '{:.3f}')} ms"
+        return f"best: #{best.index} {best.title}: {measured} at the start"
+
+    def as_text(self) -> str:
+        lines = self.table().as_text()
+        lines.append(self.summary())
+        if self.replay_error:
+            lines.append(f"replaying the best failed: {self.replay_error}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON: the parameters, every candidate, the best's index and recipe, the steps it became."""
+        return {
+            "objective": self.objective,
+            "budget": self.budget,
+            "beam": self.beam,
+            "depth": self.depth,
+            "seed": self.seed,
+            "start_recipe": self.start_recipe,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "best": self.best.index,
+            "recipe": self.recipe,
+            "steps": [s.to_dict() for s in self.steps],
+            "seconds": self.seconds,
+            "builds": self.builds,
+            "stopped": self.stopped,
+            "replay_error": self.replay_error,
+        }
+
+    def __repr__(self) -> str:
+        return self.as_text()
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.as_text())
+
+
+def search(
+    session: Session,
+    budget: float,
+    objective: str = "time",
+    actions_: Sequence[str | dict[str, Any]] | None = None,
+    beam: int = BEAM,
+    depth: int = DEPTH,
+    seed: int = 0,
+) -> SearchResult:
+    """Beam search from the session's current step (``Session.search`` documents it); the best candidate's entries
+    are then applied as ordinary steps."""
+    budget, objective, beam, depth = _checked(budget, objective, beam, depth, seed)
+    wanted = _entries(session, actions_)
+    rng = random.Random(seed)
+    start_state = session._states[-1]
+    start = Candidate(0, (), None, True, step=start_state.step)
+    tried = [start]
+    tiebreak = {0: rng.random()}
+    seen = {_content(start_state): 0}
+    frontier: list[tuple[Candidate, _State]] = [(start, start_state)]
+    began = time.perf_counter()
+    deadline = began + budget
+    stopped = "depth reached"
+    report = session._report
+    try:
+        with events.count() as counted:
+            for _level in range(depth):
+                children: list[tuple[Candidate, _State]] = []
+                for parent, state in frontier:
+                    for entry in _matching(session, state, wanted):
+                        if time.perf_counter() >= deadline:
+                            break
+                        index = len(tried)
+                        recipe = (*parent.recipe, entry)
+                        left = deadline - time.perf_counter()
+                        session._report = _prefixed(report, f"search, candidate {index} ({left:.0f} s left)")
+                        session._progress(f"trying {', '.join(_title(e) for e in recipe)}")
+                        child, made = _evaluate(session, state, entry, index, recipe, parent.index)
+                        tiebreak[index] = rng.random()
+                        if made is not None:
+                            key = _content(made)
+                            if key in seen:
+                                child = dataclasses.replace(child, same_as=seen[key])
+                            else:
+                                seen[key] = index
+                                children.append((child, made))
+                        tried.append(child)
+                        session._report = report
+                if time.perf_counter() >= deadline:
+                    stopped = "budget spent"
+                if not children:
+                    stopped = stopped if stopped == "budget spent" else "nothing left to extend"
+                    break
+                children.sort(key=lambda c: (c[0].score(objective), tiebreak[c[0].index]))
+                frontier = children[:beam]  # the others' states (their SDFGs and binaries) go
+                if stopped == "budget spent":
+                    break
+    finally:
+        session._report = report
+    seconds = time.perf_counter() - began
+    # a candidate that compiled to an earlier one's SDFGs stands for that one (whose recipe is no longer)
+    ok = [c for c in tried if c.ok and c.same_as is None]
+    best = min(ok, key=lambda c: (c.score(objective), tiebreak[c.index]))
+    session._progress(f"search done: {len(tried) - 1} candidates in {seconds:.0f} s; applying the best")
+    steps, replay_error = _replay(session, best.recipe)
+    return SearchResult(
+        objective=objective,
+        budget=budget,
+        beam=beam,
+        depth=depth,
+        seed=seed,
+        start_recipe=[e.to_json() for e in start_state.applied],
+        candidates=tuple(tried),
+        best=best,
+        steps=tuple(steps),
+        seconds=seconds,
+        builds=counted["build"],
+        stopped=stopped,
+        replay_error=replay_error,
+    )
+
+
+def _evaluate(
+    session: Session, state: _State, entry: Entry, index: int, recipe: tuple[Entry, ...], parent: int
+) -> tuple[Candidate, _State | None]:
+    """``entry`` applied to ``state`` as ``Session.apply`` applies a step (transformed, compiled, checked, timed), but
+    kept out of the history; a failure is the candidate's reason, never raised (an interrupt is)."""
+    started = time.perf_counter()
+    made, error = None, None
+    try:
+        with verify.preserved(session._module, session.training), workdir.untouched():
+            made = session._advance(state, entry, len(session._history))
+    except DcnbError as e:
+        error = str(e)
+    except Exception as e:  # a transformation that crashes fails its candidate, not the search
+        error = f"{entry.name} raised {describe(e)}"
+    seconds = time.perf_counter() - started
+    if made is None:
+        return Candidate(index, recipe, parent, False, error=error, seconds=seconds), None
+    return Candidate(index, recipe, parent, True, step=made.step, seconds=seconds), made
+
+
+def _replay(session: Session, recipe: tuple[Entry, ...]) -> tuple[list[Step], str | None]:
+    """The best's entries applied as ordinary steps (the build cache holds their binaries)."""
+    steps = []
+    for entry in recipe:
+        step = session.apply(entry.name, where=entry.where, **entry.options)
+        steps.append(step)
+        if not step.ok:
+            return steps, f"step {step.index} ({step.title}): {step.error}"
+    return steps, None
+
+
+def _matching(session: Session, state: _State, wanted: list[Entry]) -> list[Entry]:
+    """The entries of ``wanted`` whose action matches somewhere in ``state``, in ``wanted``'s order."""
+    from .session import _safe_count, _sides
+
+    found = []
+    for entry in wanted:
+        action = actions.get(entry.name)
+        targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
+        if sum(_safe_count(action, s, entry.where, entry.options) for s in targets):
+            found.append(entry)
+    return found
+
+
+def _content(state: _State) -> tuple[str | None, ...]:
+    """What a state compiled to: its SDFGs' names end in their build keys (the SDFG's hash and everything else that
+    makes the binary)."""
+    return tuple(None if s is None else s.name for s in state.compiled)
+
+
+def _checked(budget: Any, objective: Any, beam: Any, depth: Any, seed: Any) -> tuple[float, str, int, int]:
+    number = isinstance(budget, (int, float)) and not isinstance(budget, bool)
+    if not (number and budget > 0 and not math.isnan(budget)):
+        raise DcnbError(f"search's budget must be a number of seconds above 0, not {budget!r}")
+    if objective not in OBJECTIVES:
+        raise DcnbError(f"search's objective must be {' or '.join(map(repr, OBJECTIVES))}, not {objective!r}")
+    for name, value in (("beam", beam), ("depth", depth)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DcnbError(f"search's {name} must be a whole number, 1 or more, not {value!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise DcnbError(f"search's seed must be a whole number, not {seed!r}")
+    return float(budget), objective, beam, depth
+
+
+def _entries(session: Session, given: Sequence[str | dict[str, Any]] | None) -> list[Entry]:
+    """The actions a search tries, as recipe entries: every action offered on the session's device by default; a
+    name, or a recipe entry (``{"name": ..., "options": ...}``) to try an action with options."""
+    if given is None:
+        return [Entry(a.name) for a in actions.REGISTRY.values() if session.device in a.devices]
+    if isinstance(given, (str, dict)) or not isinstance(given, Sequence):
+        raise DcnbError(f"search's actions must be a list of action names, not {given!r}")
+    entries = []
+    for i, item in enumerate(given):
+        entry = Entry(item) if isinstance(item, str) else Entry.from_json(item, i)
+        if entry.name not in actions.REGISTRY:
+            raise DcnbError(
+                f"search's actions: unknown action {entry.name!r}; the actions are: {', '.join(actions.REGISTRY)}"
+            )
+        action = actions.REGISTRY[entry.name]
+        if session.device not in action.devices:
+            raise DcnbError(
+                f"search's actions: {entry.name} is offered on {', '.join(action.devices)} only; this session runs "
+                f"on {session.device}"
+            )
+        entries.append(entry)
+    if not entries:
+        raise DcnbError("search's actions is empty: name at least one action to try (None tries them all)")
+    return entries
+
+
+def _prefixed(report, prefix: str):
+    return lambda message: report(f"{prefix}: {message}")
+
+
+def _title(entry: Entry) -> str:
+    text = entry.name
+    if entry.where:
+        text += f" (where {', '.join(readable_label(label) for label in entry.where)})"
+    if entry.options:
+        text += " " + " ".join(f"{k}={v!r}" for k, v in entry.options.items())
+    return text
+
+
+def _mib(value: int | None) -> str:
+    return _num(None if value is None else value / MIB, "{:.2f}")
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "" if value is None else fmt.format(value)

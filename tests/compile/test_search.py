@@ -1,0 +1,144 @@
+"""Session.search on real builds: a beam search over recipes, every candidate built, checked and timed as a step,
+the best replayed as ordinary steps, the table of every candidate, seeded order, the build cache resumed."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import dcnb
+from dcnb._src import events
+from tests.models import Mish
+from tests.zoo import CASES
+
+pytestmark = pytest.mark.compile
+
+#: a shape no other test builds Mish for: the builds this file counts are its own
+SHAPE = (3, 5, 6, 16)
+ACTIONS = ["map_fusion", "tasklet_fusion", "vectorization"]
+#: objective memory with a beam of 1: the level's best is the one candidate storing nothing (tasklet_fusion), so
+#: which candidates are tried does not depend on timings
+SEARCH = dict(objective="memory", actions=ACTIONS, beam=1, depth=2, seed=0)
+
+
+def _session() -> dcnb.Session:
+    torch.manual_seed(0)
+    return dcnb.optimize(Mish(), torch.rand(*SHAPE), baselines=("torch",), time_budget=0.05)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A build cache of this module's own, so that the first search compiles what it tries."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DCNB_CACHE", str(tmp_path_factory.mktemp("search-cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def searched(cache):
+    session = _session()
+    return session, session.search(60, **SEARCH)
+
+
+def _titles(result) -> list[str]:
+    return [c.title for c in result.candidates]
+
+
+def test_the_search_tries_each_matching_action_and_extends_the_best(searched):
+    _, result = searched
+    # level 1: every action that matches the naive step; level 2: what still matches after tasklet_fusion (the
+    # one tasklet left gives map_fusion nothing to fuse)
+    assert _titles(result) == [
+        "start", "map_fusion", "tasklet_fusion", "vectorization", "tasklet_fusion, vectorization"
+    ]
+    assert [c.parent for c in result.candidates] == [None, 0, 0, 0, 2]
+    assert all(c.ok for c in result.candidates), [c.error for c in result.candidates]
+    assert result.stopped == "nothing left to extend" or result.stopped == "depth reached"
+    assert result.builds > 0 and result.seconds < 60
+
+
+def test_the_best_is_at_least_as_good_as_the_start(searched):
+    _, result = searched
+    start, best = result.start, result.best
+    assert start.intermediate_bytes == 3 * 4 * math.prod(SHAPE)
+    assert best.intermediate_bytes == 0 <= start.intermediate_bytes
+    assert best.recipe[0].name == "tasklet_fusion"
+    ok = [c for c in result.candidates if c.ok and c.same_as is None]
+    assert best.score("memory") == min(c.score("memory") for c in ok)
+
+
+def test_the_best_becomes_ordinary_steps_with_its_recipe(searched):
+    session, result = searched
+    names = [e.name for e in result.best.recipe]
+    assert [s.name for s in session.history] == ["naive", *names]
+    assert all(s.ok for s in session.history) and list(result.steps) == session.history[1:]
+    assert session.recipe == result.recipe == [{"name": n} for n in names]
+    with events.count() as counted:
+        again = dcnb.replay(Mish(), torch.rand(*SHAPE), recipe=json.loads(json.dumps(session.recipe)), baselines=())
+    assert counted["build"] == 0 and again.current.intermediate_bytes == 0
+
+
+def test_the_table_holds_every_candidate(searched):
+    _, result = searched
+    text = result.as_text()
+    assert text.splitlines()[0] == result.headline and "best: #" in text
+    for c in result.candidates:
+        assert c.title in text
+        row = c.to_dict()
+        assert row["ok"] and row["dcnb_ms"] > 0 and row["torch_ms"] > 0 and row["ratio"] > 0
+        assert row["recipe"] == [e.to_json() for e in c.recipe]
+    data = json.loads(json.dumps(result.to_dict()))
+    assert len(data["candidates"]) == len(result.candidates) and data["best"] == result.best.index
+
+
+def test_a_second_search_resumes_from_the_cache_in_the_same_order(searched):
+    _, first = searched
+    session = _session()
+    with events.count() as counted:
+        second = session.search(60, **SEARCH)
+    assert counted["build"] == 0 == second.builds  # every candidate's binaries from the cache
+    assert _titles(second) == _titles(first)  # the same seed, the same order
+
+
+def test_a_spent_budget_returns_the_start(searched):
+    session, _ = searched
+    before = session.history
+    result = session.search(1e-6, **SEARCH)
+    assert result.stopped == "budget spent" and _titles(result) == ["start"]
+    assert result.best is result.start and result.steps == () and session.history == before
+    assert "no candidate did better" in result.as_text()
+
+
+def test_a_failing_candidate_is_recorded_with_its_reason():
+    module, inputs = CASES["small_net"].build()
+    session = dcnb.optimize(module, *inputs, training=True, baselines=(), time_budget=0.01)
+    result = session.search(60, actions=["tasklet_fusion"], depth=1)
+    failed = result.candidates[1]
+    assert not failed.ok and "DaCe's autodiff cannot store values computed inside a map" in failed.error
+    assert result.best is result.start and len(session.history) == 1  # nothing applied, nothing raised
+    row = result.table().rows[1]
+    assert not row.ok and row.cells[3] == "no" and "DaCe's autodiff cannot store" in row.cells[-1]
+
+
+@pytest.mark.parametrize(
+    "kwargs,cause",
+    [
+        (dict(budget=0), "budget must be a number of seconds above 0, not 0"),
+        (dict(budget=-5), "budget must be a number of seconds above 0"),
+        (dict(budget="60"), "budget must be a number of seconds above 0, not '60'"),
+        (dict(budget=60, objective="speed"), "objective must be 'time' or 'memory', not 'speed'"),
+        (dict(budget=60, actions=["fuse_everything"]), "unknown action 'fuse_everything'; the actions are"),
+        (dict(budget=60, actions="map_fusion"), "must be a list of action names"),
+        (dict(budget=60, actions=[]), "actions is empty"),
+        (dict(budget=60, actions=[{"nme": "map_fusion"}]), "recipe entry 0 is not a step"),
+        (dict(budget=60, beam=0), "beam must be a whole number, 1 or more, not 0"),
+        (dict(budget=60, depth=1.5), "depth must be a whole number, 1 or more, not 1.5"),
+    ],
+)
+def test_bad_input_names_its_cause(searched, kwargs, cause):
+    session, _ = searched
+    before = session.history
+    with pytest.raises(dcnb.DcnbError, match="search's|recipe entry") as raised:
+        session.search(**kwargs)
+    assert cause in str(raised.value) and session.history == before
