@@ -135,6 +135,34 @@ def test_every_step_of_a_transformer_block_builds_for_cuda():
         assert cuda.state == "ok", (step.name, cuda.text, cuda.log and cuda.log[-3000:])
 
 
+#: the steps of the transformer block above, each applied to a zoo entry's naive step: vectorization and fuse_rows
+#: are for the CPU only, so theirs builds what the naive step's does (cached); the others each build anew
+ZOO_STEPS = ("auto_optimize", "vectorization", "tasklet_fusion", "fuse_rows", "map_fusion")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "name,training",
+    [pytest.param(c.name, c.modes[-1], id=f"{c.name}-{'train' if c.modes[-1] else 'eval'}") for c in ZOO],
+)
+def test_every_step_of_the_zoo_builds_for_cuda(name, training):
+    """Each of the steps that applies to a zoo entry, taken from its naive step, builds for CUDA in the background
+    (after auto_optimize, BatchNorm's gradient summed over a 1x1 broadcast crashed DaCe's GPU reduction planner, and
+    the MLP's loss gradient reached its kernel as a reference where a pointer was needed)."""
+    module, inputs = CASES[name].build()
+    session = dcnb.optimize(module, *inputs, training=training, baselines=(), time_budget=0.0, cuda_build=True)
+    steps = [session.current]
+    for action in ZOO_STEPS:
+        step = session.apply(action)
+        if step.ok:  # (a step the CPU refuses, or that matches nothing, is tests/compile/test_zoo.py's to judge)
+            steps.append(step)
+            session.undo()
+    assert [s.name for s in steps][:2] == ["naive", "auto_optimize"], session.as_text()
+    for step in steps:
+        cuda = _ended(step)
+        assert cuda.state == "ok", (step.name, cuda.text, cuda.log and cuda.log[-3000:])
+
+
 # --- the CUDA build every CPU step also makes in the background ---------------------------------------------------
 
 #: seconds a test waits for the background builds queued before it ends (each takes about a minute here)

@@ -69,6 +69,7 @@ CPU_BUILD = (
 CUDA_BUILD = (
     Pass(tasklet_code.declarations_in_order),
     Pass(cuda_build.to_gpu),
+    Pass(cuda_build.plannable_reductions),
     Pass(cuda_build.size_blocks),
     Pass(lifetimes.persistent_gpu_transients),
     Pass(lifetimes.zeroed_transients_per_call),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dace
 from dace import data as dt
+from dace.libraries.standard import Reduce
 from dace.sdfg import nodes
 from dace.sdfg.scope import is_devicelevel_gpu
 from dace.sdfg.utils import get_view_edge
@@ -41,10 +42,12 @@ def gpu_scalars_as_arrays(sdfg: dace.SDFG) -> None:
     gap: DaCe's code generator passes such a scalar to a nested SDFG's function as a host reference
     (``const float&``) while the kernels inside take its device pointer: the MLP's and the loss's backward did not
     compile for CUDA ("cannot convert 'const float' to 'const float*'")."""
+    made: set[tuple[int, str]] = set()  # (nested SDFG, argument) turned into arrays
     for nested in sdfg.all_sdfgs_recursive():
         for name, desc in list(nested.arrays.items()):
             if isinstance(desc, dt.Scalar) and desc.storage == dace.StorageType.GPU_Global:
                 nested.arrays[name] = _one_element(desc, desc.transient)
+                made.add((id(nested), name))
         for node, state in nested.all_nodes_recursive():
             if not isinstance(node, nodes.NestedSDFG):
                 continue
@@ -54,6 +57,24 @@ def gpu_scalars_as_arrays(sdfg: dace.SDFG) -> None:
                 outer = state.sdfg.arrays[edge.data.data] if edge.data.data else None
                 if isinstance(inner, dt.Scalar) and outer is not None and outer.storage == dace.StorageType.GPU_Global:
                     node.sdfg.arrays[name] = _one_element(inner, False)
+                    made.add((id(node.sdfg), name))
+    for node, _ in sdfg.all_nodes_recursive():
+        if isinstance(node, nodes.NestedSDFG):
+            for name in (*node.in_connectors, *node.out_connectors):
+                if (id(node.sdfg), name) in made:
+                    _pointer_connector(node, name)
+
+
+def _pointer_connector(node: nodes.NestedSDFG, name: str) -> None:
+    """The nested SDFG's connector ``name``, an array now, typed as its pointer where a type was inferred before.
+
+    gap: DaCe keeps a connector type inferred once (auto_optimize infers them) and declares the argument by it: the
+    MLP's backward after auto_optimize passed the loss's gradient on as ``const float&`` to a kernel taking its
+    pointer ("cannot convert 'const float' to 'const float*'")."""
+    for connectors in (node.in_connectors, node.out_connectors):
+        ctype = connectors.get(name)
+        if ctype is not None and ctype.type is not None and not isinstance(ctype, dace.pointer):
+            connectors[name] = dace.pointer(node.sdfg.arrays[name].dtype)
 
 
 def const_pointer_reads(sdfg: dace.SDFG) -> None:
@@ -74,6 +95,25 @@ def _one_element(desc: dt.Scalar, transient: bool) -> dt.Array:
     return dt.Array(
         desc.dtype, [1], transient=transient, storage=dace.StorageType.GPU_Global, lifetime=desc.lifetime
     )
+
+
+def plannable_reductions(sdfg: dace.SDFG) -> int:
+    """A reduction set to DaCe's GPUAuto expansion (auto_optimize's choice on a GPU) that reduces only axes of
+    length one takes the "pure" expansion, a copy; returns how many.
+
+    gap: GPUAuto leaves the reduced axes of length one out and then plans with the first of those left: ConvNet's
+    BatchNorm backward after auto_optimize (a variance's gradient summed over its 1x1 broadcast) did not generate
+    ("list index out of range")."""
+    turned = 0
+    for node, state in sdfg.all_nodes_recursive():
+        if not (isinstance(node, Reduce) and node.implementation == "GPUAuto"):
+            continue
+        subset = state.in_edges(node)[0].data.subset
+        axes = range(subset.dims()) if node.axes is None else node.axes
+        if all(subset.size()[a] == 1 for a in axes):
+            node.implementation = "pure"
+            turned += 1
+    return turned
 
 
 #: threads per block where a kernel gives none: enough warps per block to hide memory latency
