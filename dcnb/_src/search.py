@@ -27,6 +27,7 @@ from .errors import DcnbError, describe
 from .names import readable_label
 from .recipe import Entry
 from .record import MIB, Row, Step, Table
+from .timing import NOISE_NOTE
 
 if TYPE_CHECKING:
     from .session import Session, _State
@@ -129,6 +130,8 @@ class Candidate:
         step = self.step
         assert step is not None
         speedup = step.speedup()
+        # a ratio that the candidate's notes call noise says so, as the history does
+        noise = " (noise)" if speedup is not None and any(n.startswith(NOISE_NOTE) for n in step.notes) else ""
         same = f" (= #{self.same_as})" if self.same_as is not None else ""
         return (
             *head,
@@ -138,7 +141,7 @@ class Candidate:
             _num(self.dcnb_ms, "{:.3f}"),
             _num(self.torch_ms, "{:.3f}"),
             _num(self.torch_compile_ms, "{:.3f}"),
-            _num(speedup, "{:.2f}x"),
+            _num(speedup, "{:.2f}x") + noise,
         )
 
 

@@ -1,0 +1,95 @@
+"""What Session.search finds and costs: a beam search from the naive step of a model within a budget, then the same
+search again in a new session of the same module, which finds what the first built in the build cache. Reports the
+candidates tried, the best against the start and against auto_optimize (each as eager's time over dcnb's, from the
+candidate's own interleaved timing), and each search's seconds and compiles. A cache of its own (a fresh
+``DCNB_CACHE`` under /tmp), so that the first search builds what it tries. One JSON line with ``--json``.
+
+    DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --case prenorm_residual --budget 300 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+from common import print_result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", default="mish", help="mish (8x32x64x64), or a case of tests/zoo.py at its bench size")
+    parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
+    parser.add_argument("--objective", default="time")
+    parser.add_argument("--beam", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--table", action="store_true", help="print each search's table too")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    os.environ["DCNB_CACHE"] = tempfile.mkdtemp(prefix="dcnb-search-")
+    os.environ.setdefault("DCNB_CUDA_BUILD", "0")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    import torch
+
+    import dcnb
+    from tests.models import Mish
+    from tests.zoo import CASES
+
+    def made():
+        if args.case == "mish":
+            torch.manual_seed(0)
+            return Mish(), (torch.rand(8, 32, 64, 64),)
+        return CASES[args.case].build(bench=True)
+
+    runs = []
+    for _ in range(2):
+        module, inputs = made()
+        session = dcnb.optimize(module, *inputs)
+        started = time.perf_counter()
+        result = session.search(
+            args.budget, objective=args.objective, beam=args.beam, depth=args.depth, seed=args.seed
+        )
+        runs.append((result, time.perf_counter() - started, session))
+        if args.table:
+            print(result.as_text(), flush=True)
+    (first, first_s, session), (second, second_s, _) = runs
+    auto = [c for c in first.candidates if [e.name for e in c.recipe] == ["auto_optimize"] and c.ok]
+
+    def speedup(candidate) -> float | None:
+        return None if candidate is None or candidate.ratio is None else round(1 / candidate.ratio, 3)
+
+    print_result(
+        {
+            "bench": "search",
+            "case": args.case,
+            "shapes": [list(t.shape) for t in made()[1]],
+            "budget_s": args.budget,
+            "objective": args.objective,
+            "beam": args.beam,
+            "depth": args.depth,
+            "candidates": len(first.candidates) - 1,
+            "failed": sum(not c.ok for c in first.candidates),
+            "stopped": first.stopped,
+            "best": first.best.title,
+            "best_vs_eager": speedup(first.best),
+            "start_vs_eager": speedup(first.start),
+            "auto_optimize_vs_eager": speedup(auto[0] if auto else None),
+            "replayed_vs_eager": None if session.current.speedup() is None else round(session.current.speedup(), 3),
+            "first_search_s": round(first.seconds, 1),
+            "first_with_replay_s": round(first_s, 1),
+            "first_compiles": first.builds,
+            "second_search_s": round(second.seconds, 1),
+            "second_compiles": second.builds,
+            "second_best": second.best.title,
+            "load": round(os.getloadavg()[0], 2),
+        },
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()
