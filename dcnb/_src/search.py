@@ -9,8 +9,8 @@ costs a compile, a check and a timing (seconds, not microseconds), which rules o
 thousands of samples; a beam keeps the ``beam`` best candidates of each length and extends only those, so that a
 search of depth d tries at most ``beam * actions * d`` candidates, and the most promising first when the budget cuts
 it short. A candidate's compiled SDFGs name their content (the build cache's key): a sequence that ends where
-another ended is recorded, and not extended twice. Builds are cached by content, so a second search of the same
-module, in this process or another, compiles nothing it compiled before.
+another ended is recorded as that one's, and not checked, timed or extended again. Builds are cached by content, so
+a second search of the same module, in this process or another, compiles nothing it compiled before.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class Candidate:
     step: Step | None = None
     #: wall seconds its build, check and timing took
     seconds: float = 0.0
-    #: an earlier candidate that compiled to the same SDFGs (it is not extended again)
+    #: an earlier candidate that compiled to the same SDFGs: this one stands for it (it is not checked, timed or
+    #: extended again)
     same_as: int | None = None
 
     def _median(self, name: str) -> float | None:
@@ -127,15 +128,15 @@ class Candidate:
         head = (str(self.index), "" if self.parent is None else str(self.parent), self.title)
         if not self.ok:
             return (*head, "no", self.error or "")
+        if self.step is None:
+            return (*head, "yes", f"the SDFGs of #{self.same_as}: not checked or timed again")
         step = self.step
-        assert step is not None
         speedup = step.speedup()
         # a ratio that the candidate's notes call noise says so, as the history does
         noise = " (noise)" if speedup is not None and any(n.startswith(NOISE_NOTE) for n in step.notes) else ""
-        same = f" (= #{self.same_as})" if self.same_as is not None else ""
         return (
             *head,
-            "yes" + same,
+            "yes",
             _num(None if step.intermediate_bytes is None else step.intermediate_bytes / MIB, "{:.2f}"),
             _num(step.compile_seconds, "{:.1f}"),
             _num(self.dcnb_ms, "{:.3f}"),
@@ -278,15 +279,11 @@ def search(
                         left = deadline - time.perf_counter()
                         session._report = _prefixed(report, f"search, candidate {index} ({left:.0f} s left)")
                         session._progress(f"trying {', '.join(_title(e) for e in recipe)}")
-                        child, made = _evaluate(session, state, entry, index, recipe, parent.index)
+                        child, made = _evaluate(session, state, entry, index, recipe, parent.index, seen)
                         tiebreak[index] = rng.random()
                         if made is not None:
-                            key = _content(made)
-                            if key in seen:
-                                child = dataclasses.replace(child, same_as=seen[key])
-                            else:
-                                seen[key] = index
-                                children.append((child, made))
+                            seen[_content(made)] = index
+                            children.append((child, made))
                         tried.append(child)
                         session._report = report
                 if time.perf_counter() >= deadline:
@@ -300,6 +297,7 @@ def search(
                     break
     finally:
         session._report = report
+        session._built_hook = None
     seconds = time.perf_counter() - began
     # a candidate that compiled to an earlier one's SDFGs stands for that one (whose recipe is no longer)
     ok = [c for c in tried if c.ok and c.same_as is None]
@@ -323,20 +321,48 @@ def search(
     )
 
 
+class _Seen(Exception):
+    """A candidate's build is one tried before (``index``): it is not checked or timed again."""
+
+    def __init__(self, index: int):
+        super().__init__(index)
+        self.index = index
+
+
 def _evaluate(
-    session: Session, state: _State, entry: Entry, index: int, recipe: tuple[Entry, ...], parent: int
+    session: Session,
+    state: _State,
+    entry: Entry,
+    index: int,
+    recipe: tuple[Entry, ...],
+    parent: int,
+    seen: dict[tuple[str | None, ...], int],
 ) -> tuple[Candidate, _State | None]:
     """``entry`` applied to ``state`` as ``Session.apply`` applies a step (transformed, compiled, checked, timed), but
-    kept out of the history; a failure is the candidate's reason, never raised (an interrupt is)."""
+    kept out of the history; a failure is the candidate's reason, never raised (an interrupt is). Where it compiled
+    to the SDFGs of a candidate in ``seen`` (their content -> its index), it stands for that one: not checked or
+    timed again."""
+
+    def tried_before(built) -> None:
+        # in build order (the backward, then the forward), as a state's compiled SDFGs are the other way round
+        content = tuple(None if s is None else s.name for s in reversed(built.sdfgs))
+        if content in seen:
+            raise _Seen(seen[content])
+
     started = time.perf_counter()
     made, error = None, None
+    session._built_hook = tried_before
     try:
         with verify.preserved(session._module, session.training), workdir.untouched():
             made = session._advance(state, entry, len(session._history))
+    except _Seen as e:
+        return Candidate(index, recipe, parent, True, seconds=time.perf_counter() - started, same_as=e.index), None
     except DcnbError as e:
         error = str(e)
     except Exception as e:  # a transformation that crashes fails its candidate, not the search
         error = f"{entry.name} raised {describe(e)}"
+    finally:
+        session._built_hook = None
     seconds = time.perf_counter() - started
     if made is None:
         return Candidate(index, recipe, parent, False, error=error, seconds=seconds), None

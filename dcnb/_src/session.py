@@ -160,6 +160,8 @@ class Session:
         self._timed = timed
         #: Session.module: one object, following the current step
         self._compiled: DcnbModule | None = None
+        #: called with each build before it is checked (a search's: it stops where the build was tried before)
+        self._built_hook: Callable[[builder.Built], None] | None = None
 
     def _start(self, baselines: tuple[str, ...], time_budget: float, recipe: tuple[Entry, ...] = ()) -> None:
         """Run PyTorch eager for the reference, export and import the module, and build step 0 (naive), or the
@@ -560,6 +562,8 @@ class Session:
         count: int,
         notes: tuple[str, ...] = (),
     ) -> _State:
+        if self._built_hook is not None:
+            self._built_hook(built)
         last = _last(applied)
         name = last.name
         (backward, forward), (backward_sdfg, forward_sdfg) = built.binaries, built.sdfgs

@@ -101,12 +101,26 @@ def test_a_second_search_resumes_from_the_cache_in_the_same_order(searched):
     assert _titles(second) == _titles(first)  # the same seed, the same order
 
 
+def test_a_candidate_ending_where_another_did_stands_for_it(searched):
+    # a beam of 3 keeps every first action: map_fusion then tasklet_fusion ends where tasklet_fusion alone did (the
+    # one tasklet left, the fused maps gone), and vectorization then tasklet_fusion where the other order did
+    result = _session().search(60, objective="memory", actions=ACTIONS, beam=3, depth=2, seed=0)
+    by_title = {c.title: c for c in result.candidates}
+    same = by_title["map_fusion, tasklet_fusion"]
+    assert same.ok and same.same_as == by_title["tasklet_fusion"].index and same.step is None
+    assert by_title["vectorization, tasklet_fusion"].same_as == by_title["tasklet_fusion, vectorization"].index
+    assert not {c.parent for c in result.candidates} & {c.index for c in result.candidates if c.same_as is not None}
+    assert result.best.same_as is None
+    assert f"the SDFGs of #{same.same_as}: not checked or timed again" in result.as_text()
+
+
 def test_a_spent_budget_returns_the_start(searched):
     session, _ = searched
     before = session.history
     result = session.search(1e-6, **SEARCH)
     assert result.stopped == "budget spent" and _titles(result) == ["start"]
     assert result.best is result.start and result.steps == () and session.history == before
+    assert result.start_recipe == result.recipe == session.recipe != []  # from the steps the first search made
     assert "no candidate did better" in result.as_text()
 
 
