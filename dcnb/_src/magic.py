@@ -50,6 +50,12 @@ class DcnbMagics(Magics):
     @argument("--training", action="store_true", help="optimize the module in training mode (dropout, batch norm)")
     @argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to compile and run")
     @argument("--recipe", metavar="FILE", help="a recipe (JSON, from 'Export recipe') to replay after the naive step")
+    @argument(
+        "--search",
+        type=float,
+        metavar="SECONDS",
+        help="then search for a recipe for this many seconds (Session.search); the best becomes steps",
+    )
     @argument("--as", dest="variable", metavar="VAR", help="the variable for the session (default: <class>_opt)")
     @argument(
         "--baselines",
@@ -118,6 +124,7 @@ class DcnbMagics(Magics):
             time_budget=args.time_budget,
             cuda_build=False if args.no_cuda_build else None,
             cuda_arch=args.cuda_arch,
+            search=args.search,
         )
 
 
@@ -129,6 +136,7 @@ def _build(
     namespace: dict[str, Any],
     *,
     recipe: list[Entry],
+    search: float | None = None,
     **options: Any,
 ) -> None:
     from .session import optimize
@@ -160,9 +168,12 @@ def _build(
             )
         except DcnbError as e:
             failed = str(e)
+        found = session.search(search) if search is not None and failed is None else None
         line("drawing the session's graphs")
         namespace[variable] = session
         widget = SessionWidget(session, variable=variable, progress=progress)
+        if found is not None:
+            widget.record_search(found)
         widget.display_id = display(widget, display_id=True).display_id
     finally:
         line.close()
@@ -248,6 +259,8 @@ def _check_options(args: Any) -> None:
     budget = args.time_budget
     if not 0 <= budget < float("inf"):
         raise UsageError(f"--time-budget {budget:g}: give the seconds of timing per step, e.g. 2 (0: the fewest runs).")
+    if args.search is not None and not 0 < args.search < float("inf"):
+        raise UsageError(f"--search {args.search:g}: give the seconds the search may take, e.g. 300.")
     for b in (b.strip() for b in args.baselines.split(",")):
         if b and b not in BASELINES:
             raise UsageError(f"--baselines: {b!r} is not a baseline; choose from {', '.join(BASELINES)} (or '' for none).")

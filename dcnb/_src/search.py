@@ -209,6 +209,31 @@ class SearchResult:
             measured = f"{_num(best.dcnb_ms, '{:.3f}')} ms against {_num(start.dcnb_ms, '{:.3f}')} ms"
         return f"best: #{best.index} {best.title}: {measured} at the start"
 
+    def points(self) -> list[dict[str, Any]]:
+        """Each candidate that was timed, as a plot of time against intermediate memory draws it: its ``index``,
+        ``title``, ``time`` (dcnb's over eager's, or dcnb's ms where eager was not timed: ``unit``), ``bytes``,
+        whether it is on the ``front`` (no other is as fast with as little stored, and better in one) and the
+        ``best``."""
+        timed = [c for c in self.candidates if c.ok and c.dcnb_ms is not None]
+        relative = all(c.ratio is not None for c in timed)
+        at = {c.index: (c.ratio if relative else c.dcnb_ms, c.intermediate_bytes or 0) for c in timed}
+
+        def on_front(t: float, b: int) -> bool:
+            return not any(u <= t and v <= b and (u, v) != (t, b) for u, v in at.values())
+
+        return [
+            {
+                "index": c.index,
+                "title": c.title,
+                "time": at[c.index][0],
+                "unit": "x eager" if relative else "ms",
+                "bytes": at[c.index][1],
+                "front": on_front(*at[c.index]),
+                "best": c.index == self.best.index,
+            }
+            for c in timed
+        ]
+
     def as_text(self) -> str:
         lines = self.table().as_text()
         lines.append(self.summary())
@@ -277,7 +302,13 @@ def search(
                         index = len(tried)
                         recipe = (*parent.recipe, entry)
                         left = deadline - time.perf_counter()
-                        session._report = _prefixed(report, f"search, candidate {index} ({left:.0f} s left)")
+                        leader = min(
+                            (c for c in tried if c.ok and c.same_as is None),
+                            key=lambda c: (c.score(objective), tiebreak[c.index]),
+                        )
+                        session._report = _prefixed(
+                            report, f"search, candidate {index} ({left:.0f} s left; best so far {_leading(leader)})"
+                        )
                         session._progress(f"trying {', '.join(_title(e) for e in recipe)}")
                         child, made = _evaluate(session, state, entry, index, recipe, parent.index, seen)
                         tiebreak[index] = rng.random()
@@ -437,6 +468,16 @@ def _entries(session: Session, given: Sequence[str | dict[str, Any]] | None) -> 
     if not entries:
         raise DcnbError("search's actions is empty: name at least one action to try (None tries them all)")
     return entries
+
+
+def _leading(candidate: Candidate) -> str:
+    """The best candidate so far, as the progress line names it: its number, recipe and time against the baselines."""
+    versus = [
+        f"{baseline / candidate.dcnb_ms:.2f}x vs {name}"
+        for name, baseline in (("torch", candidate.torch_ms), ("torch.compile", candidate.torch_compile_ms))
+        if baseline and candidate.dcnb_ms
+    ]
+    return f"#{candidate.index} {candidate.title}" + (f", {', '.join(versus)}" if versus else "")
 
 
 def _prefixed(report, prefix: str):

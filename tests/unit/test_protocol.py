@@ -72,15 +72,16 @@ def test_each_event_is_answered(worked_out, monkeypatch):
     w = widget.SessionWidget(_Session())
     assert set(w._handlers({})) == set(widget.EVENTS)
     called = []
-    for method in ("apply", "undo", "reset", "export_recipe", "show", "inspect", "run_profile", "cancel_cuda"):
+    for method in ("apply", "undo", "reset", "export_recipe", "show", "inspect", "run_profile", "cancel_cuda",
+                   "run_search"):
         monkeypatch.setattr(w, method, lambda *args, _m=method: called.append((_m, *args)) or f"did {_m}")
     arguments = {"apply": {"name": "map_fusion", "where": ["x"], "match": None}, "show": {"index": 0},
-                 "inspect": {"index": 1}, "cancel_cuda": {"index": 1}}
+                 "inspect": {"index": 1}, "cancel_cuda": {"index": 1}, "search": {"budget": 30}}
     for event in widget.EVENTS:
         _request(w, event=event, **arguments.get(event, {}))
     assert called == [("apply", "map_fusion", ["x"], None), ("undo",), ("reset",), ("export_recipe",), ("show", 0),
-                      ("inspect", 1), ("run_profile",), ("cancel_cuda", 1)]
-    assert w.message == "did cancel_cuda" and w.busy == ""
+                      ("inspect", 1), ("run_profile",), ("cancel_cuda", 1), ("run_search", 30)]
+    assert w.message == "did run_search" and w.busy == ""
     _request(w, event="no such event")
     assert len(called) == len(widget.EVENTS)
 

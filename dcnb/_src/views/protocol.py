@@ -24,7 +24,7 @@ from .widget import EVENTS, SessionWidget
 TARGET = pathlib.Path(__file__).resolve().parents[3] / "labextension" / "src" / "protocol.ts"
 #: the view's modules that declare the types the ``ts`` tags name
 IMPORTS = {
-    "./format": ("ActionData", "BeforeData", "Graphs", "MatchData", "ProfileData", "Sources", "StepData"),
+    "./format": ("ActionData", "BeforeData", "Graphs", "MatchData", "ProfileData", "SearchData", "Sources", "StepData"),
     "./tables": ("TableData",),
 }
 WIDTH = 120

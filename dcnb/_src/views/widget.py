@@ -30,6 +30,7 @@ from .. import actions
 from ..cuda_check import CudaBuild, PENDING
 from ..errors import DcnbError
 from ..record import tabulate_timings
+from ..search import SearchResult
 from ..session import Session
 from ..version import VERSION
 from . import graph, overlays, profile, render, sources
@@ -51,6 +52,7 @@ EVENTS: dict[str, dict[str, Any]] = {
     "inspect": {"index": int | None},
     "profile": {},
     "cancel_cuda": {"index": int},
+    "search": {"budget": float},
 }
 #: the values the view draws by that the static rendering shares (``constants``; the view falls back on these,
 #: generated into protocol.ts, where a saved output lacks them)
@@ -128,6 +130,11 @@ class SessionWidget(ipywidgets.DOMWidget):
         help="the last profile of a step (profile.table): its 'step', the top kernels ('rows') and PyTorch eager's "
         "top ops ('eager'); empty before one"
     ).tag(sync=True, ts="ProfileData")
+    search = traitlets.Dict(
+        help="the last search (Session.search): its candidates' 'table' (record.Table), one 'point' per candidate "
+        "that ran (its index, recipe, time relative to eager, intermediate bytes, whether it is on the time/memory "
+        "front and the best) and its 'summary'; empty before one"
+    ).tag(sync=True, ts="SearchData")
     constants = traitlets.Dict(
         CONSTANTS,
         help="what the view draws by, as the static rendering does: the heat colours of the overlays, low to high, "
@@ -316,6 +323,7 @@ class SessionWidget(ipywidgets.DOMWidget):
             "inspect": lambda: self.inspect(content.get("index")),
             "profile": self.run_profile,
             "cancel_cuda": lambda: self.cancel_cuda(content.get("index")),
+            "search": lambda: self.run_search(content.get("budget")),
         }
 
     def _run(self, request: Callable[[], str | None]) -> None:
@@ -395,6 +403,20 @@ class SessionWidget(ipywidgets.DOMWidget):
         self._shown = None
         self.session.reset()
         return "back at the naive step"
+
+    def run_search(self, budget: float | None) -> str:
+        """Search for a recipe from the current step within ``budget`` seconds (Session.search); the best becomes
+        steps, every candidate shows in ``search``."""
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool):
+            raise DcnbError(f"a search needs a budget in seconds (got {budget!r})")
+        self.busy = f"searching for {budget:g} s"
+        found = self.session.search(float(budget))
+        self.record_search(found)
+        return f"{found.headline}; {found.summary()}"
+
+    def record_search(self, found: SearchResult) -> None:
+        """Show a search's candidates (their table and plot) and the best against the start."""
+        self.search = {"table": found.table().to_dict(), "points": found.points(), "summary": found.summary()}
 
     def cancel_cuda(self, index: int | None) -> str:
         """Stop the background CUDA build of step ``index`` (running or queued) with its compilers."""

@@ -15,7 +15,7 @@ import {
   seedOf,
   shownAs
 } from '../layout';
-import { chart } from '../chart';
+import { chart, searchPlot } from '../chart';
 import { elapsed, percent, StepData } from '../format';
 import { heatColour, heatPosition, heatScale, metricText } from '../overlay';
 import { DEFAULTS } from '../protocol';
@@ -237,4 +237,19 @@ test("a layout seeded with the picture before keeps that picture's nodes in thei
     const seeded = layoutGraph(after, new Set(), seedOf(before, drawn));
     assert.deepEqual(leftToRight(seeded, order), order);
   }
+});
+
+test("a search's plot: memory across from 0, time up from 0, the front joined left to right", () => {
+  const point = (index: number, time: number, bytes: number, front: boolean) =>
+    ({ index, title: `#${index}`, time, unit: 'x eager', bytes, front, best: index === 2 });
+  const { most, placed, front } = searchPlot(
+    [point(0, 1.0, 2048, false), point(1, 0.8, 4096, true), point(2, 0.5, 8192, true), point(3, 0.9, 1024, true)],
+    100,
+    50
+  );
+  assert.ok(Math.abs(most.time - 1.1) < 1e-9 && Math.abs(most.bytes - 8192 * 1.1) < 1e-6);
+  const at = new Map(placed.map(p => [p.index, p]));
+  assert.ok(at.get(0)!.y < at.get(2)!.y, 'slower is higher: the best sit low and left');
+  assert.ok(at.get(3)!.x < at.get(1)!.x && at.get(1)!.x < at.get(2)!.x, 'more memory is further right');
+  assert.deepEqual(front.map(p => p.index), [3, 1, 2]);
 });
