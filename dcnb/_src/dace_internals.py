@@ -6,10 +6,12 @@ DaCe's public API (SDFG, nodes, transformations, the ONNX and autodiff registrie
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dace
 from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.transformation import PatternTransformation
-from dace.transformation.subgraph import CompositeFusion
+from dace.transformation.subgraph import CompositeFusion, SubgraphFusion
 
 CHECKED_WITH = "2.0.0b1"
 
@@ -41,6 +43,16 @@ def bound_nodes(match: PatternTransformation) -> dict:
 def fused_entry(fusion: CompositeFusion) -> dace.nodes.MapEntry:
     """The map an applied CompositeFusion made: kept only as ``_global_map_entry`` (DaCe's greedy_fuse reads it so)."""
     return fusion._global_map_entry
+
+
+# --- replaced functions ---------------------------------------------------------------------------------------
+
+
+def replace_topo_feasibility(check: Callable[..., bool]) -> None:
+    """Put ``check`` in place of ``SubgraphFusion.check_topo_feasibility``: its callers (SubgraphFusion's
+    ``can_be_applied``, which CompositeFusion and greedy fusion reach, and StencilTiling's) call it through the class,
+    so no subclass or registration can stand in for it."""
+    SubgraphFusion.check_topo_feasibility = staticmethod(check)
 
 
 # --- graph edits ----------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from dace.sdfg import nodes
 from dace.transformation.dataflow import map_fusion_helper
 from dace.transformation.auto import auto_optimize as dace_auto
 from dace.transformation.passes import FullMapFusion
-from dace.transformation.subgraph import CompositeFusion
+from dace.sdfg.graph import SubgraphView
+from dace.transformation.subgraph import CompositeFusion, SubgraphFusion
 from dace.transformation.subgraph import helpers as subgraph_helpers
 
 from dcnb._src.passes import auto_optimize
@@ -137,3 +138,56 @@ def test_sets_of_maps_that_cannot_fuse_are_refused_without_copying_the_sdfg(call
     copies.clear()
     assert not auto_optimize._fusible(condition)(sdfg, subgraph)
     assert not copies
+
+
+def _chain_maps(sdfg: dace.SDFG, *labels: str) -> SubgraphView:
+    state = sdfg.start_state
+    entries = [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and n.map.label[: -len("_map")] in labels]
+    assert len(entries) == len(labels)
+    return subgraph_helpers.subgraph_from_maps(sdfg, state, entries)
+
+
+def _deep(count: int) -> dace.SDFG:
+    """``_chain(2)``, then ``count`` tasklets one after the other, each reading the one before's result: a state
+    over 2 * ``count`` nodes deep below its two maps."""
+    sdfg = _chain(2)
+    state = sdfg.start_state
+    previous = next(n for n in state.sink_nodes() if n.data == "a2")
+    sdfg.add_array("s0", [1], dace.float32, transient=True)
+    first = state.add_tasklet("t0", {"x"}, {"y"}, "y = x")
+    state.add_edge(previous, None, first, "x", dace.Memlet("a2[0]"))
+    previous = state.add_access("s0")
+    state.add_edge(first, "y", previous, None, dace.Memlet("s0[0]"))
+    for k in range(1, count):
+        sdfg.add_array(f"s{k}", [1], dace.float32, transient=k < count - 1)
+        tasklet = state.add_tasklet(f"t{k}", {"x"}, {"y"}, "y = x + 1")
+        state.add_edge(previous, None, tasklet, "x", dace.Memlet(f"s{k - 1}[0]"))
+        previous = state.add_access(f"s{k}")
+        state.add_edge(tasklet, "y", previous, None, dace.Memlet(f"s{k}[0]"))
+    return sdfg
+
+
+def test_subgraph_fusion_tests_the_topology_of_deep_states_without_recursion():
+    # two maps above a path 1600 nodes deep: DaCe's check_topo_feasibility took a frame per node below them
+    # (RecursionError on EfficientNet-B0's auto_optimize)
+    with dace.config.set_temporary("compiler", "lineinfo", value="none"):  # each node's caller found: 13 s
+        sdfg = _deep(800)
+    state = sdfg.start_state
+    subgraph = _chain_maps(sdfg, "m1", "m2")
+    entries = subgraph_helpers.get_outermost_scope_maps(sdfg, state, subgraph)
+    _, between, out = SubgraphFusion.get_adjacent_nodes(sdfg, state, entries)
+    assert SubgraphFusion.check_topo_feasibility(sdfg, state, entries, between, out)
+    # through DaCe's CompositeFusion, which tests it again on an expanded copy, as auto_optimize's greedy fusion does
+    short = _deep(2)
+    assert auto_optimize._fusible(CompositeFusion())(sdfg, subgraph) == CompositeFusion().can_be_applied(
+        short, _chain_maps(short, "m1", "m2")
+    )
+
+
+def test_a_path_out_of_a_set_of_maps_back_into_it_is_still_found():
+    sdfg = _chain(6)
+    state = sdfg.start_state
+    for labels, feasible in ((("m1", "m2"), True), (("m1", "m3"), False), (("m2", "m5"), False)):
+        entries = subgraph_helpers.get_outermost_scope_maps(sdfg, state, _chain_maps(sdfg, *labels))
+        _, between, out = SubgraphFusion.get_adjacent_nodes(sdfg, state, entries)
+        assert SubgraphFusion.check_topo_feasibility(sdfg, state, entries, between, out) is feasible, labels

@@ -1,5 +1,6 @@
 """DaCe's auto_optimize, its own parts in its order (``PIPELINE``), with its greedy fusion made to scale with the
-graph: the map fusion that opens it, and the test of each set of maps its subgraph fusion tries (``_fusible``).
+graph: the map fusion that opens it, and the test of each set of maps its subgraph fusion tries (``_fusible``, and
+``topologically_feasible`` in place of DaCe's recursive walk, wherever SubgraphFusion is tested).
 
 gap: DaCe's ``greedy_fuse`` opens with ``FullMapFusion``, whose ``MapFusionHorizontal`` matches every pair of maps
 in a state, walks the graph twice per pair to see whether they are parallel, applies one fusion and starts the
@@ -171,6 +172,28 @@ def _fusible(condition: CompositeFusion) -> Callable[[dace.SDFG, SubgraphView], 
         return condition.can_be_applied(sdfg, subgraph)
 
     return test
+
+
+def topologically_feasible(sdfg: dace.SDFG, state: SDFGState, entries, between, out) -> bool:
+    """SubgraphFusion's test that no path leaves a set of maps (``entries``) through the arrays between them and
+    after them (``between``, ``out``) and comes back into one of them, with its answers, walked by iteration.
+
+    gap: DaCe's ``check_topo_feasibility`` walks every node below those arrays recursively, a frame per node: a state
+    more than ~1000 nodes deep below them raised RecursionError (EfficientNet-B0's auto_optimize)."""
+    entries = set(entries)
+    stack = [e.dst for node in (*between, *out) for e in state.out_edges(node) if e.dst not in entries]
+    seen = set(stack)
+    while stack:
+        for edge in state.out_edges(stack.pop()):
+            if edge.dst in entries:
+                return False
+            if edge.dst not in seen:
+                seen.add(edge.dst)
+                stack.append(edge.dst)
+    return True
+
+
+dace_internals.replace_topo_feasibility(topologically_feasible)
 
 
 def _simplify_and_parallelize(sdfg: dace.SDFG, device: dace.DeviceType, library: Library | None) -> None:
