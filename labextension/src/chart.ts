@@ -126,10 +126,10 @@ export function searchChart(points: SearchPoint[]): SVGSVGElement | null {
   const height = 120;
   const { most, placed, front } = searchPlot(points, width, height);
   const unit = points[0].unit;
-  const time = unit === 'ms' ? "dcnb's ms" : "dcnb's time over eager's";
-  const root = svg('svg', { class: 'dcnb-chart dcnb-search-chart', width: width + 60, height: height + 46 });
+  const time = unit === 'ms' ? "dcnb's ms" : "dcnb's time / eager's";
+  const root = svg('svg', { class: 'dcnb-chart dcnb-search-chart', width: width + 60, height: height + 60 });
   const title = svg('text', { x: 0, y: 11 });
-  title.textContent = `${time} (up) against intermediate memory (right); the best sit low and left`;
+  title.textContent = `${time} ↑ against intermediate memory →`;
   root.appendChild(title);
   const plot = svg('g', { transform: 'translate(44 22)' });
   plot.appendChild(svg('rect', { class: 'dcnb-plot-box', x: 0, y: 0, width, height }));
@@ -163,8 +163,8 @@ export function searchChart(points: SearchPoint[]): SVGSVGElement | null {
     label.textContent = `#${p.index}`;
     plot.appendChild(label);
   }
-  const axis = svg('text', { x: 0, y: height + 12 });
-  axis.textContent = 'violet: the front (none both faster and smaller); pink: the best';
+  const axis = svg('text', { x: 0, y: height + 28 });
+  axis.textContent = 'violet: the front (none faster and smaller); pink: the best';
   plot.appendChild(axis);
   root.appendChild(plot);
   return root;
