@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import DcnbError
+from .names import readable_label
 
 if TYPE_CHECKING:
     from .session import Session
@@ -20,6 +21,17 @@ class Entry:
     name: str
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     where: tuple[str, ...] | None = None
+
+    @property
+    def title(self) -> str:
+        """The action, where it was applied (by the names the graphs draw: DaCe's stay in ``where`` and the recipe)
+        and its options: how the history and a search's table name a step."""
+        text = self.name
+        if self.where:
+            text += f" (where {', '.join(readable_label(label) for label in self.where)})"
+        if self.options:
+            text += " " + " ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return text
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": self.name}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .names import readable_label
+from .recipe import Entry
 from .timing import NOISE_NOTE, Timing
 from .verify import Check
 
@@ -93,14 +93,8 @@ class Step:
 
     @property
     def title(self) -> str:
-        """The action, where it was applied (by the names the graphs draw: DaCe's stay in ``where`` and the recipe)
-        and its options."""
-        text = self.name
-        if self.where:
-            text += f" (where {', '.join(readable_label(label) for label in self.where)})"
-        if self.options:
-            text += " " + " ".join(f"{k}={v!r}" for k, v in self.options.items())
-        return text
+        """The action, where it was applied and its options, as its recipe entry names them (``Entry.title``)."""
+        return Entry(self.name, self.options, self.where).title
 
     @property
     def headline(self) -> str:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import actions, events, verify, workdir
 from .errors import DcnbError, describe
-from .names import readable_label
 from .recipe import Entry
 from .record import MIB, Row, Step, Table
 from .timing import NOISE_NOTE
@@ -94,7 +93,7 @@ class Candidate:
     @property
     def title(self) -> str:
         """The recipe after the start, as the history names its steps: ``tasklet_fusion, vectorization``."""
-        return ", ".join(_title(e) for e in self.recipe) or "start"
+        return ", ".join(e.title for e in self.recipe) or "start"
 
     def score(self, objective: str) -> tuple[float, ...]:
         """What the search minimises: time, dcnb's time relative to eager's (its own median where eager was not
@@ -309,7 +308,7 @@ def search(
                         session._report = _prefixed(
                             report, f"search, candidate {index} ({left:.0f} s left; best so far {_leading(leader)})"
                         )
-                        session._progress(f"trying {', '.join(_title(e) for e in recipe)}")
+                        session._progress(f"trying {', '.join(e.title for e in recipe)}")
                         child, made = _evaluate(session, state, entry, index, recipe, parent.index, seen)
                         tiebreak[index] = rng.random()
                         if made is not None:
@@ -482,15 +481,6 @@ def _leading(candidate: Candidate) -> str:
 
 def _prefixed(report, prefix: str):
     return lambda message: report(f"{prefix}: {message}")
-
-
-def _title(entry: Entry) -> str:
-    text = entry.name
-    if entry.where:
-        text += f" (where {', '.join(readable_label(label) for label in entry.where)})"
-    if entry.options:
-        text += " " + " ".join(f"{k}={v!r}" for k, v in entry.options.items())
-    return text
 
 
 def _mib(value: int | None) -> str:
