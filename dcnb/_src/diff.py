@@ -62,19 +62,6 @@ _counterparts: weakref.WeakKeyDictionary[dace.SDFG, tuple[dace.SDFG, dict[nodes.
 )
 
 
-def between(before: dace.SDFG, after: dace.SDFG) -> Diff:
-    """``Diff(before, after)``, matched once per pair: the picture of a step and the one of the step before it both
-    read it (a session's SDFGs do not change once built)."""
-    known = _diffs.get(after)
-    if known is None or known[0] is not before:
-        known = _diffs[after] = (before, Diff(before, after))
-    return known[1]
-
-
-#: ``between`` by the later SDFG: the earlier one and their diff
-_diffs: weakref.WeakKeyDictionary[dace.SDFG, tuple[dace.SDFG, Diff]] = weakref.WeakKeyDictionary()
-
-
 #: a node where it is drawn: the node, its state, the SDFG whose arrays it reads
 Placed = tuple[nodes.Node, dace.SDFGState, dace.SDFG]
 
@@ -90,6 +77,8 @@ class Diff:
     """
 
     def __init__(self, before: dace.SDFG, after: dace.SDFG):
+        #: the SDFG of the step made from (the removed nodes' names are read from it)
+        self.before = before
         #: node of ``after`` -> the node of ``before`` it is
         self.match: dict[nodes.Node, nodes.Node] = {}
         self._before: dict[nodes.Node, Placed] = {n[0]: n for n in placed(before)}

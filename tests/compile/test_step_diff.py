@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import dcnb
+from dcnb._src.diff import Diff
 from dcnb._src.views import graph, render
 from tests.zoo import CASES
 
@@ -98,7 +99,7 @@ def test_the_picture_of_the_step_before_marks_what_the_step_took_away_or_changed
     index = _step(session, "map_fusion")
     before, after = session.compiled_sdfgs(session.previous_step(index))[0], session.compiled_sdfgs(index)[0]
     diff = graph.describe(after, before=before)
-    earlier = graph.describe(before, after=after)
+    earlier = graph.describe(before, after=Diff(before, after))
     gone = _marked(earlier, graph.GONE)
     # the removed map's entry, and the map that took its body in (changed in the picture after)
     removed = {(r["kind"], r["name"]) for r in diff["removed"]}

@@ -23,7 +23,7 @@ from dace.sdfg.utils import dfs_topological_sort
 
 from ..actions.matching import label
 from .. import names
-from ..diff import ACCESS, LIBRARY, MAP_ENTRY, MAP_EXIT, NESTED, OTHER, TASKLET, Diff, between, kind
+from ..diff import ACCESS, LIBRARY, MAP_ENTRY, MAP_EXIT, NESTED, OTHER, TASKLET, Diff, kind
 
 #: what a step did to a node of the picture it made
 ADDED, CHANGED, GONE = "added", "changed", "gone"
@@ -34,32 +34,50 @@ COLLAPSE_ABOVE = 250
 
 def describe(
     sdfg: dace.SDFG | None,
-    before: dace.SDFG | None = None,
+    before: dace.SDFG | Diff | None = None,
     metrics: dict[str, dict] | None = None,
-    after: dace.SDFG | None = None,
+    after: Diff | None = None,
 ) -> dict[str, Any] | None:
     """The drawable picture of ``sdfg`` (None stays None).
 
-    ``before``: the SDFG of the step this one was made from. The nodes the step added or changed say so in their
-    ``change``; the picture's ``removed`` lists the nodes of ``before`` gone from ``sdfg``, nested SDFGs' too, each
-    with the id of the state that stands for its own (state ids are unique across a picture and its nested ones).
+    ``before``: the SDFG of the step this one was made from, or their ``Diff`` where it was worked out already
+    (``step_diffs``). The nodes the step added or changed say so in their ``change``; the picture's ``removed``
+    lists the nodes of ``before`` gone from ``sdfg``, nested SDFGs' too, each with the id of the state that stands
+    for its own (state ids are unique across a picture and its nested ones).
     ``metrics``: node guid -> numbers measured for it (``{"flops": ..., "ms": ...}``), carried as ``metrics``.
-    ``after``: the SDFG of the step made from this one; the nodes that step took away or changed are ``GONE``.
+    ``after``: the ``Diff`` of ``sdfg`` and the SDFG of the step made from it; the nodes that step took away or
+    changed are ``GONE``.
     """
     if sdfg is None:
         return None
-    diff = between(before, sdfg) if before is not None else None
+    diff = Diff(before, sdfg) if isinstance(before, dace.SDFG) else before
     state_ids: dict[dace.SDFGState, str] = {}
-    gone = _gone(between(sdfg, after)) if after is not None else set()
+    gone = _gone(after) if after is not None else set()
     context = _Context(diff, metrics or {}, state_ids, gone, named(sdfg), _root(sdfg))
     picture = _sdfg(sdfg, "", context, names.readable_sdfg(sdfg.name))
     if diff is not None:
-        was = named(before) if diff.removed else {}
+        was = named(diff.before) if diff.removed else {}
         picture["removed"] = [
             {"state": state_ids.get(state) if state is not None else None, "name": was[node].name, "kind": kind(node)}
             for node, state in diff.removed
         ]
     return dict(picture, collapse_above=COLLAPSE_ABOVE)
+
+
+def step_diffs(session: Any, index: int | None = None) -> tuple[Diff | None, Diff | None]:
+    """What good step ``index`` (the current one by default) changed in its forward and backward SDFGs against the
+    step it was made from (None: the naive step, or no backward). Worked out once per step and kept in its
+    analysis: the widget's pictures of the step and of the one before it, and the static rendering, read the same."""
+
+    previous = session.previous_step(index)
+    if previous is None:
+        return None, None
+
+    def worked_out() -> tuple[Diff | None, Diff | None]:
+        pairs = zip(session.compiled_sdfgs(previous), session.compiled_sdfgs(index), strict=True)
+        return tuple(None if old is None or new is None else Diff(old, new) for old, new in pairs)
+
+    return session.analysis(index).result("diffs", worked_out)
 
 
 def size(graph: dict[str, Any] | None) -> int:

@@ -61,14 +61,13 @@ def to_html(session: Session) -> str:
     parts.append("<div style='display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start'>")
     shown = (("Forward SDFG", session.forward_sdfg), ("Backward SDFG", session.backward_sdfg))
     # each graph says what the step changed in the SDFG of the good step it was made from (the naive step: none)
-    previous = session.previous_step() if any(sdfg is not None for _, sdfg in shown) else None
-    befores = session.compiled_sdfgs(previous) if previous is not None else (None, None)
+    diffs = graphs.step_diffs(session) if any(sdfg is not None for _, sdfg in shown) else (None, None)
     # what the widget worked out or measured of the step (overlays.measured): the same heat and numbers
     metrics = overlays.measured(session) if session.forward_sdfg is not None else {}
-    for (title, sdfg), before, side in zip(shown, befores, overlays.SIDES, strict=True):
+    for (title, sdfg), diff, side in zip(shown, diffs, overlays.SIDES, strict=True):
         if sdfg is None:
             continue
-        picture = graphs.describe(sdfg, before=before, metrics=metrics.get(side))
+        picture = graphs.describe(sdfg, before=diff, metrics=metrics.get(side))
         parts.append("<div class='dcnb-static-graph' style='flex: 1 1 0; min-width: 320px'>")
         parts.append(
             f"<h5 style='margin: 8px 0 4px'>{title}: {_e(picture['name'])} ({graphs.size(picture)} nodes)</h5>"

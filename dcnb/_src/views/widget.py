@@ -207,17 +207,17 @@ class SessionWidget(ipywidgets.DOMWidget):
         """The pictures of step ``index`` with what was measured of its nodes, marked against the step it was made
         from, and that step's own."""
         s = self.session
-        forward, backward = s.compiled_sdfgs(index)
         previous = s.previous_step(index)
-        old = s.compiled_sdfgs(previous) if previous is not None else (None, None)
+        diffs = graph.step_diffs(s, index)
         metrics = self._measured(index)
         graphs = {
-            side: graph.describe(sdfg, before=was, metrics=metrics.get(side))
-            for side, sdfg, was in zip(SIDES, (forward, backward), old)
+            side: graph.describe(sdfg, before=diff, metrics=metrics.get(side))
+            for side, sdfg, diff in zip(SIDES, s.compiled_sdfgs(index), diffs)
         }
         if previous is None:
             return graphs, {}
-        before = {side: graph.describe(was, after=sdfg) for side, sdfg, was in zip(SIDES, (forward, backward), old)}
+        old = s.compiled_sdfgs(previous)
+        before = {side: graph.describe(was, after=diff) for side, was, diff in zip(SIDES, old, diffs)}
         return graphs, {**before, "step": previous}
 
     def _measured(self, index: int) -> dict[str, dict[str, dict]]:
