@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pathlib
 import pickle
 import signal
 import tempfile
@@ -98,9 +99,15 @@ class Child:
         self._signal(signal.SIGCONT)
 
     def _signal(self, number: int) -> None:
+        """Signal the process's group and every process below it: a process it forked (a build's compile) is in a
+        group of its own, which a signal to this group alone misses (a compile forked as the group was stopped was
+        left stopped for good, its build waiting on it)."""
         if self.status is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, number)
+            for pid in _descendants(self.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, number)
 
     def reap(self) -> None:
         if self.status is None:
@@ -151,3 +158,20 @@ def _child(parent: int, outcome, stage, fn: Callable, args: tuple) -> NoReturn:
         outcome.flush()
     finally:
         os._exit(0)
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes below ``root``, as /proc has them now (none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, pending = [], [root]
+    while pending:
+        below = children.get(pending.pop(), [])
+        found.extend(below)
+        pending.extend(below)
+    return found
