@@ -13,13 +13,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 pytestmark = [pytest.mark.kernel, pytest.mark.compile]
-#: the notebooks make test runs: the tutorial (make mish's) and the lesson; the others with make notebooks
-DEFAULT = {"mish", "teaching_data_movement"}
+#: the notebooks make test runs: the tutorial (make mish's), the lesson and the search; the others with make notebooks
+DEFAULT = {"mish", "teaching_data_movement", "search"}
 
 
 def test_the_notebooks_are_there():
     names = {p.stem for p in NOTEBOOKS}
-    assert {"mish", "softmax_layernorm", "transformer_layer", "teaching_data_movement", "models"} <= names
+    assert {"mish", "softmax_layernorm", "transformer_layer", "teaching_data_movement", "models", "search"} <= names
 
 
 @pytest.mark.parametrize(
