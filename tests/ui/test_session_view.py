@@ -392,7 +392,9 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
         assert box.locator("table tr").count() >= 3  # the header, the start and a candidate
         expect(box.locator(".dcnb-summary")).to_contain_text("best: ")
         box.screenshot(path=str(artifacts / "ui-prenorm-search.png"))
-        # back to auto_optimize's step, which the kernel-free view below expects: the best's steps undone
+        # back to auto_optimize's step, which the kernel-free view below expects: the best's steps undone (counted
+        # once the view is no longer busy, which it hears with the history the search left)
+        expect(block.locator(".dcnb-status")).not_to_have_class(BUSY, timeout=60_000)
         for left in range(block.locator(".dcnb-history tr.dcnb-ok").count() - 1, before - 1, -1):
             block.get_by_role("button", name="Undo").click()
             ok_rows(block, left, timeout=60_000)
@@ -473,12 +475,16 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
     for live in _call(base, "GET", "/api/sessions"):
         _call(base, "DELETE", f"/api/sessions/{live['id']}")
     page.reload()
-    free = notebook.locator(".dcnb-kernel-free").first
+    # the block's own view, found by its cell: the lab restores the notebook scrolled to its last active cell and
+    # renders the cells in view first, so the first view drawn may be another session's (the 4-block naive one)
+    cell = notebook.locator(".jp-Cell").nth(1)
+    cell.scroll_into_view_if_needed(timeout=60_000)
+    free = cell.locator(".dcnb-kernel-free")
     expect(free.locator(".dcnb-node").first).to_be_attached(timeout=60_000)
     free.scroll_into_view_if_needed()
 
     def kernel_free():
-        expect(free.locator(".dcnb-node.dcnb-nested.dcnb-open").first).to_be_visible()
+        expect(free.locator(".dcnb-node.dcnb-nested.dcnb-open").first).to_be_visible(timeout=30_000)
         assert free.evaluate(IN_VIEW)
         assert free.locator("g.dcnb-node[data-name]").count() == free.locator("g.dcnb-node").count()
 

@@ -341,10 +341,14 @@ class SessionWidget(ipywidgets.DOMWidget):
             reason = cancelled.error if not cancelled.ok else "cancelled"
             self.message = f"{reason}; the session stays at step {self.session.current.index}"
         finally:
-            self.busy = ""
             if self.progress is not None:
                 self.progress.listener = None
-        self.refresh()
+            # the view hears the request's end with what it changed, at once: a view no longer busy shows them
+            with self.hold_sync():
+                try:
+                    self.refresh()
+                finally:
+                    self.busy = ""
         self.update_static()
 
     def apply(self, name: str, where: list[str] | None = None, match: int | None = None) -> str:
