@@ -15,6 +15,7 @@ from dace.transformation.passes.dead_dataflow_elimination import DeadDataflowEli
 
 from . import tasklet_code
 from . import gradient_writes
+from .top_level import add_top_level_map
 
 
 def drop_unread_gradients(sdfg: dace.SDFG) -> int:
@@ -65,9 +66,11 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
     """
     rerouted = 0
     for state in sdfg.states():
-        for node in [n for n in state.nodes() if isinstance(n, (nodes.NestedSDFG, nodes.LibraryNode))]:
+        # the top level read once: each write rerouted changes the state, and DaCe's entry_node then walks all of it
+        scope = state.scope_dict()
+        for node in [n for n in state.nodes() if isinstance(n, (nodes.NestedSDFG, nodes.LibraryNode)) and not scope[n]]:
             for edge in list(state.out_edges(node)):
-                if edge.data.wcr is None or not isinstance(edge.dst, nodes.AccessNode) or state.entry_node(node):
+                if edge.data.wcr is None or not isinstance(edge.dst, nodes.AccessNode):
                     continue
                 target, subset = edge.data.data, edge.data.subset
                 sizes = subset.size()
@@ -87,7 +90,8 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
                 params = [f"__a{i}" for i in range(len(sizes))]
                 begins = [r[0] for r in subset.ndrange()]
                 steps = [r[2] for r in subset.ndrange()]
-                state.add_mapped_tasklet(
+                add_top_level_map(
+                    state,
                     f"accumulate_{target}",
                     {p: f"0:{s}" for p, s in zip(params, sizes)},
                     {"__in": dace.Memlet(f"{tmp}[{', '.join(params)}]")},
@@ -98,7 +102,6 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
                             wcr="lambda x, y: x + y",
                         )
                     },
-                    external_edges=True,
                     input_nodes={tmp: tmp_node},
                     output_nodes={target: edge.dst},
                 )

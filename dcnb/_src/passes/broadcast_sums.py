@@ -12,10 +12,14 @@ went.
 
 from __future__ import annotations
 
+import functools
+
 import dace
 from dace.frontend.operations import detect_reduction_type
 from dace.libraries.standard import Reduce
 from dace.sdfg import nodes
+
+from .top_level import add_top_level_map
 
 _PARALLEL = (dace.ScheduleType.Default, dace.ScheduleType.CPU_Multicore)
 
@@ -29,16 +33,27 @@ def sums_without_atomics(sdfg: dace.SDFG) -> int:
     """
     turned = 0
     for state in sdfg.states():
-        for entry in [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and state.entry_node(n) is None]:
+        # the scopes read once: each sum turned changes the state, and DaCe's scope queries then walk all of it again
+        scope, children = state.scope_dict(), state.scope_children()
+        for entry in [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and scope[n] is None]:
             if entry.map.schedule not in _PARALLEL:
                 continue
-            exit_node = state.exit_node(entry)
+            exit_node = next(n for n in children[entry] if isinstance(n, nodes.ExitNode))
             for edge in list(state.out_edges(exit_node)):
                 reduced = _reduced(sdfg, state, entry, edge)
                 if reduced is not None:
-                    _to_reduce(sdfg, state, entry, edge, *reduced)
+                    _to_reduce(sdfg, state, entry, exit_node, edge, *reduced)
                     turned += 1
     return turned
+
+
+@functools.cache
+def _reduction_type(wcr: str) -> dace.dtypes.ReductionType | None:
+    """DaCe's ``detect_reduction_type``, once per lambda.
+
+    gap: it evaluates the lambda on sympy symbols and compares the result with each reduction's: 4 ms per
+    write-conflict resolution, of which autodiff writes one per broadcast gradient."""
+    return detect_reduction_type(wcr)
 
 
 def _sizes(entry: nodes.MapEntry) -> list[int] | None:
@@ -56,7 +71,7 @@ def _reduced(sdfg, state, entry, edge) -> tuple[object, list[int], list[int]] | 
     as a sum that every iteration adds to one element and some parameters do not index; else None."""
     if edge.data.wcr is None or edge.data.dynamic or not isinstance(edge.dst, nodes.AccessNode):
         return None
-    if detect_reduction_type(edge.data.wcr) != dace.dtypes.ReductionType.Sum:
+    if _reduction_type(edge.data.wcr) != dace.dtypes.ReductionType.Sum:
         return None
     if not isinstance(sdfg.arrays[edge.data.data], dace.data.Array) or edge.src_conn is None:
         return None
@@ -80,8 +95,7 @@ def _reduced(sdfg, state, entry, edge) -> tuple[object, list[int], list[int]] | 
     return inner[0], sizes, [i for i, p in enumerate(params) if p not in used]
 
 
-def _to_reduce(sdfg, state, entry, edge, inner, sizes: list[int], axes: list[int]) -> None:
-    exit_node = state.exit_node(entry)
+def _to_reduce(sdfg, state, entry, exit_node, edge, inner, sizes: list[int], axes: list[int]) -> None:
     params = entry.map.params
     target, dtype = edge.data.data, sdfg.arrays[edge.data.data].dtype
     kept = [i for i in range(len(params)) if i not in axes]
@@ -117,13 +131,13 @@ def _to_reduce(sdfg, state, entry, edge, inner, sizes: list[int], axes: list[int
         state.add_edge(sums_node, None, add, "__in", dace.Memlet(f"{sums}[0]"))
         state.add_edge(add, "__out", edge.dst, None, dace.Memlet(f"{target}[{index}]", wcr="lambda x, y: x + y"))
         return
-    state.add_mapped_tasklet(
+    add_top_level_map(
+        state,
         f"add_{sums}",
         {name: f"0:{sizes[i]}" for i, name in zip(kept, names)},
         {"__in": dace.Memlet(f"{sums}[{', '.join(names)}]")},
         "__out = __in",
         {"__out": dace.Memlet(f"{target}[{index}]", wcr="lambda x, y: x + y")},
-        external_edges=True,
         input_nodes={sums: sums_node},
         output_nodes={target: edge.dst},
     )

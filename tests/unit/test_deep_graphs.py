@@ -1,0 +1,146 @@
+"""Making a step scales with the network: what dcnb does per node of a deep graph does not walk the whole graph (or
+the whole Python stack) again each time (issue 36). Each test counts the walks on synthetic graphs of two depths."""
+
+import dace
+import pytest
+from dace.sdfg import scope
+
+from dcnb._src.passes import after_autodiff, broadcast_sums
+from dcnb._src.passes.top_level import add_top_level_map
+
+
+@pytest.fixture
+def scope_walks(monkeypatch):
+    """The states whose scope dictionary was worked out from scratch (DaCe's walk from their source nodes), once each
+    time."""
+    walks, original = [], scope._scope_dict_inner
+
+    def counted(graph, queue, current, *args):
+        if current is None:
+            walks.append(graph)
+        return original(graph, queue, current, *args)
+
+    monkeypatch.setattr(scope, "_scope_dict_inner", counted)
+    return walks
+
+
+def _biases(count: int) -> dace.SDFG:
+    """``count`` maps, one after the other, each adding its input's rows into a bias gradient of its own with a
+    write-conflict resolution, as autodiff writes a broadcast bias's gradient."""
+    sdfg = dace.SDFG("biases")
+    state = sdfg.add_state()
+    sdfg.add_array("x0", [8, 4], dace.float32)
+    previous = state.add_access("x0")
+    for k in range(count):
+        sdfg.add_array(f"x{k + 1}", [8, 4], dace.float32)
+        sdfg.add_array(f"g{k}", [4], dace.float32)
+        out, grad = state.add_access(f"x{k + 1}"), state.add_access(f"g{k}")
+        state.add_mapped_tasklet(
+            f"m{k}", {"i": "0:8", "j": "0:4"}, {"a": dace.Memlet(f"x{k}[i, j]")}, "b = a\ng = a",
+            {"b": dace.Memlet(f"x{k + 1}[i, j]"), "g": dace.Memlet(f"g{k}[j]", wcr="lambda x, y: x + y")},
+            external_edges=True, input_nodes={f"x{k}": previous}, output_nodes={f"x{k + 1}": out, f"g{k}": grad},
+        )
+        previous = out
+    return sdfg
+
+
+def _nested_writers(count: int) -> dace.SDFG:
+    """``count`` nested SDFGs, one after the other, each also adding into a gradient of its own through a memlet with
+    a write-conflict resolution (which a nested SDFG ignores: accumulate_nested_gradients reroutes it)."""
+    sdfg = dace.SDFG("nested")
+    state = sdfg.add_state()
+    sdfg.add_array("x0", [4], dace.float32)
+    previous = state.add_access("x0")
+    for k in range(count):
+        inner = dace.SDFG(f"inner{k}")
+        inner.add_array("a", [4], dace.float32)
+        inner.add_array("b", [4], dace.float32)
+        inner.add_array("g", [4], dace.float32)
+        inner.add_state().add_mapped_tasklet(
+            "copy", {"i": "0:4"}, {"x": dace.Memlet("a[i]")}, "y = x\nz = x",
+            {"y": dace.Memlet("b[i]"), "z": dace.Memlet("g[i]")}, external_edges=True,
+        )
+        sdfg.add_array(f"x{k + 1}", [4], dace.float32)
+        sdfg.add_array(f"g{k}", [4], dace.float32)
+        node = state.add_nested_sdfg(inner, {"a"}, {"b", "g"})
+        out = state.add_access(f"x{k + 1}")
+        state.add_edge(previous, None, node, "a", dace.Memlet(f"x{k}[0:4]"))
+        state.add_edge(node, "b", out, None, dace.Memlet(f"x{k + 1}[0:4]"))
+        state.add_edge(node, "g", state.add_access(f"g{k}"), None, dace.Memlet(f"g{k}[0:4]", wcr="lambda x, y: x + y"))
+        previous = out
+    return sdfg
+
+
+def _walks_per_pass(scope_walks, build, run) -> list[int]:
+    counts = []
+    for count in (4, 16):
+        sdfg = build(count)
+        scope_walks.clear()
+        assert run(sdfg) == count
+        # (the nested SDFGs' own states, one node's each, are walked once per node: linear)
+        counts.append(sum(walked is sdfg.start_state for walked in scope_walks))
+        sdfg.validate()
+    return counts
+
+
+def test_bias_gradients_are_summed_with_one_walk_of_the_state(scope_walks):
+    # gap: add_mapped_tasklet's propagation worked the state's scopes out again for each map it added (and
+    # exit_node for each map read): 16 s of ResNet-50's autodiff phase
+    few, many = _walks_per_pass(scope_walks, _biases, broadcast_sums.sums_without_atomics)
+    assert few == many <= 2
+
+
+def test_nested_gradients_are_rerouted_with_one_walk_of_the_state(scope_walks):
+    # the same for each write of a nested SDFG rerouted (entry_node for each node read): 20 s of ResNet-50's
+    few, many = _walks_per_pass(scope_walks, _nested_writers, after_autodiff.accumulate_nested_gradients)
+    assert few == many <= 1
+
+
+def test_a_sums_reduction_type_is_worked_out_once(calls):
+    # DaCe's detect_reduction_type evaluates the lambda with sympy: once per write-conflict resolution read
+    found = calls(broadcast_sums, "detect_reduction_type")
+    broadcast_sums._reduction_type.cache_clear()
+    assert broadcast_sums.sums_without_atomics(_biases(16)) == 16
+    assert len(found) == 1
+
+
+@pytest.mark.parametrize(
+    "inputs, outputs",
+    [
+        ({"a": "x[i, j]"}, {"b": "y[i, j]"}),
+        ({"a": "x[i, 2 * j + 1]"}, {"b": "s[i]"}),  # a sum: the write-conflict resolution kept outside
+        ({"a": "x[i, j]", "c": "x[i, j + 1]"}, {"b": "y[3, i]"}),  # two reads of one array, unioned
+        ({"a": "x[i, j]", "c": "x[i, j]"}, {"b": "y[i + 1, 2]"}),  # two equal reads, counted once
+    ],
+)
+def test_a_top_level_map_gets_the_outer_memlets_dace_propagates(inputs, outputs):
+    made = []
+    for add in (_dace_s, add_top_level_map):
+        sdfg = dace.SDFG("top")
+        sdfg.add_array("x", [8, 9], dace.float32)
+        sdfg.add_array("y", [8, 8], dace.float32)
+        sdfg.add_array("s", [8], dace.float32)
+        state = sdfg.add_state()
+        reads = {m.split("[")[0] for m in inputs.values()}
+        writes = {m.split("[")[0] for m in outputs.values()}
+        add(
+            state, "m", {"i": "0:4", "j": "0:4"},
+            {c: dace.Memlet(m) for c, m in inputs.items()}, "b = a",
+            {c: dace.Memlet(m, wcr="lambda x, y: x + y" if m.startswith("s") else None) for c, m in outputs.items()},
+            {d: state.add_access(d) for d in sorted(reads)}, {d: state.add_access(d) for d in sorted(writes)},
+        )
+        sdfg.validate()
+        made.append(
+            sorted(
+                (str(e.src), str(e.dst), e.data.data, str(e.data.subset), str(e.data.volume), e.data.dynamic,
+                 e.data.wcr, e.data._is_data_src, e.data._edge is e)
+                for e in state.edges()
+            )
+        )
+    assert made[0] == made[1]
+
+
+def _dace_s(state, name, ranges, inputs, code, outputs, input_nodes, output_nodes):
+    return state.add_mapped_tasklet(
+        name, ranges, inputs, code, outputs, external_edges=True, input_nodes=input_nodes, output_nodes=output_nodes
+    )
