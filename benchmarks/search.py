@@ -5,6 +5,9 @@ candidate's own interleaved timing), and each search's seconds and compiles. A c
 ``DCNB_CACHE`` under /tmp), so that the first search builds what it tries. One JSON line with ``--json``.
 
     DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --case prenorm_residual --budget 300 --json
+
+With ``--workers N`` the candidates compile on a local Dask cluster of N single-threaded workers, with ``--cluster
+ADDRESS`` on the cluster whose scheduler is there (``pip install dcnb[cluster]``); every candidate is timed here.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=3)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0, help="compile on a local Dask cluster of this many workers")
+    parser.add_argument("--cluster", default=None, help="compile on the Dask cluster whose scheduler is at this address")
     parser.add_argument("--table", action="store_true", help="print each search's table too")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -45,13 +50,18 @@ def main() -> None:
             return Mish(), (torch.rand(8, 32, 64, 64),)
         return CASES[args.case].build(bench=True)
 
+    cluster = args.cluster
+    if args.workers:
+        from dask.distributed import LocalCluster
+
+        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0").scheduler_address
     runs = []
     for _ in range(2):
         module, inputs = made()
         session = dcnb.optimize(module, *inputs)
         started = time.perf_counter()
         result = session.search(
-            args.budget, objective=args.objective, beam=args.beam, depth=args.depth, seed=args.seed
+            args.budget, objective=args.objective, beam=args.beam, depth=args.depth, seed=args.seed, cluster=cluster
         )
         runs.append((result, time.perf_counter() - started, session))
         if args.table:
@@ -79,7 +89,9 @@ def main() -> None:
             "start_vs_eager": speedup(first.start),
             "auto_optimize_vs_eager": speedup(auto[0] if auto else None),
             "replayed_vs_eager": None if session.current.speedup() is None else round(session.current.speedup(), 3),
+            "compiled_on": first.where,
             "first_search_s": round(first.seconds, 1),
+            "first_s_per_candidate": round(first.seconds / max(1, len(first.candidates) - 1), 2),
             "first_with_replay_s": round(first_s, 1),
             "first_compiles": first.builds,
             "second_search_s": round(second.seconds, 1),

@@ -18,6 +18,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import cmake
 import dace
@@ -30,7 +31,7 @@ from dace.config import Config, temporary_config
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
 
-from . import blas, cache, events, forked, native, passes
+from . import alone, blas, cache, events, forked, native, passes
 from .errors import CompileError, DcnbError, first_line
 from .names import readable_sdfg, readable_text
 from .passes import vecmath
@@ -46,7 +47,9 @@ WAITING = "waiting for the lock of its build folder"
 GENERATING = "generating its code"
 HEADER = "building DaCe's precompiled header"
 COMPILING = "compiling its code"
-STAGES = (PREPARING, STARTING, WAITING, GENERATING, HEADER, COMPILING)
+#: its code compiled elsewhere (cluster.DaskCompiles)
+ON_WORKER = "compiling its code on a worker of the cluster"
+STAGES = (PREPARING, STARTING, WAITING, GENERATING, HEADER, COMPILING, ON_WORKER)
 #: what ``build`` calls as each SDFG (as given) enters a stage of STAGES, and with "" once it is built or found built
 Report = Callable[[dace.SDFG, str], None]
 
@@ -69,44 +72,108 @@ def build(
     as soon as ``sdfgs`` gives it, so a generator making the next SDFG works while the one before compiles.
     ``cuda_arch`` (``"90"``) picks the GPU architecture a CUDA build is for; without it, DaCe's configuration says
     (by default the GPU's). ``report`` hears each SDFG's stages as it goes."""
+    with compiling() as compiles:
+        return start(sdfgs, device, compiles, cuda_arch, report).finish()
+
+
+def compiling(at_once: int | None = None) -> Compiles:
+    """Where compiles run unless a search says otherwise: processes of this machine, ``at_once`` at most at a time
+    (None: each as it is started); leaving the block stops those still running."""
+    return _Compiles(compile_timeout(), at_once)
+
+
+class Compiles(Protocol):
+    """Where a build's compiles run (``compiling``; a cluster's, ``cluster.DaskCompiles``): a context manager whose
+    exit stops what still runs, so that no compiler outlives its build."""
+
+    def __enter__(self) -> Compiles: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+    def start(self, sdfg: dace.SDFG, key: str, device: str, cuda_arch: str | None, args: str) -> None:
+        """Start (or queue) the build of ``sdfg``, prepared (``_prepare``), into its build folder; the same name
+        given twice is built once."""
+
+    def running(self, name: str) -> bool:
+        """Whether a compile of that name was started (an SDFG loaded or found on disk has none)."""
+
+    def wait(self, names: Iterable[str], report: Callable[[str, str], None] | None = None) -> dict[str, object]:
+        """The result of each compile named (True: built here; False: found built), once all have ended; the first
+        error is raised (leaving the block stops the others). ``report`` hears each name with each stage of STAGES it
+        enters, and with "" as it ends."""
+
+
+@dataclasses.dataclass
+class Started:
+    """A build begun (``start``): each SDFG prepared, with its cache key, its compile under way in ``compiles``
+    unless it was loaded or found on disk; ``finish`` waits for them and loads the binaries."""
+
+    #: each SDFG as prepared for the compiler (named after its key), with its key; None where None was given
+    prepared: list[tuple[dace.SDFG | None, str | None]]
+    device: str
+    cuda_arch: str | None
+    compiles: Compiles
+    report: Report | None
+    #: a compile's name -> the SDFG as given, which the report names
+    given: dict[str, dace.SDFG]
+    #: seconds spent in preparing and starting the compiles, not in making the SDFGs
+    spent: float
+
+    @property
+    def names(self) -> tuple[str | None, ...]:
+        """What the build makes, by content: its SDFGs' names end in their keys."""
+        return tuple(None if s is None else s.name for s, _ in self.prepared)
+
+    def finish(self) -> Built:
+        started = time.perf_counter()
+        staged = None if self.report is None else lambda name, stage: self.report(self.given[name], stage)
+        results = self.compiles.wait([n for n in self.names if n is not None], staged)
+        compiled = [name for name, built in results.items() if built]
+        for _ in compiled:
+            events.emit("build")
+        with _configured(self.device, self.cuda_arch):
+            for s, k in self.prepared:
+                if s is not None and k not in _loaded:
+                    _loaded[k] = compiler.load_precompiled_sdfg(_folder(k, s), s)
+        return Built(
+            binaries=[None if k is None else _loaded[k] for _, k in self.prepared],
+            seconds=self.spent + time.perf_counter() - started if compiled else 0.0,
+            sdfgs=[s for s, _ in self.prepared],
+        )
+
+
+def start(
+    sdfgs: Iterable[dace.SDFG | None],
+    device: str,
+    compiles: Compiles,
+    cuda_arch: str | None = None,
+    report: Report | None = None,
+) -> Started:
+    """``build`` up to its wait: each SDFG prepared and its compile started in ``compiles`` as ``sdfgs`` gives it."""
     spent = 0.0  # in building, not in making the next SDFG
     prepared: list[tuple[dace.SDFG | None, str | None]] = []
-    given: dict[str, dace.SDFG] = {}  # a compile's name -> the SDFG as given, which the report names
+    given: dict[str, dace.SDFG] = {}
     heard = report or (lambda sdfg, stage: None)
-    staged = None if report is None else lambda name, stage: report(given[name], stage)
-    with _Compiles(compile_timeout()) as compiles:
-        for sdfg in sdfgs:
-            started = time.perf_counter()
-            if sdfg is None:
-                prepared.append((None, None))
-            else:
-                heard(sdfg, PREPARING)
-                made, key = _started(compiles, sdfg, device, cuda_arch)
-                prepared.append((made, key))
-                given[made.name] = sdfg
-                heard(sdfg, STARTING if compiles.running(made.name) else "")
-            spent += time.perf_counter() - started
+    for sdfg in sdfgs:
         started = time.perf_counter()
-        compiled = [name for name, built in compiles.wait(staged).items() if built]
-    for _ in compiled:
-        events.emit("build")
-    with _configured(device, cuda_arch):
-        for s, k in prepared:
-            if s is not None and k not in _loaded:
-                _loaded[k] = compiler.load_precompiled_sdfg(_folder(k, s), s)
-    return Built(
-        binaries=[None if k is None else _loaded[k] for _, k in prepared],
-        seconds=spent + time.perf_counter() - started if compiled else 0.0,
-        sdfgs=[s for s, _ in prepared],
-    )
+        if sdfg is None:
+            prepared.append((None, None))
+        else:
+            heard(sdfg, PREPARING)
+            made, key = _started(compiles, sdfg, device, cuda_arch)
+            prepared.append((made, key))
+            given[made.name] = sdfg
+            heard(sdfg, STARTING if compiles.running(made.name) else "")
+        spent += time.perf_counter() - started
+    return Started(prepared, device, cuda_arch, compiles, report, given, spent)
 
 
-def _started(compiles: _Compiles, sdfg: dace.SDFG, device: str, cuda_arch: str | None) -> tuple[dace.SDFG, str]:
+def _started(compiles: Compiles, sdfg: dace.SDFG, device: str, cuda_arch: str | None) -> tuple[dace.SDFG, str]:
     """``sdfg`` prepared, with its key; its compile started unless it is loaded or on disk already."""
     with _configured(device, cuda_arch):
         sdfg, key, args = _prepare(sdfg, device)
         if key not in _loaded and not _on_disk(sdfg, key):
-            compiles.start(sdfg.name, _build_unless_built, sdfg, key, device, args)
+            compiles.start(sdfg, key, device, cuda_arch, args)
     return sdfg, key
 
 
@@ -229,29 +296,53 @@ def compile_timeout() -> float:
     return seconds
 
 
-def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, args: str) -> bool:
+def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, cuda_arch: str | None, args: str) -> bool:
     """In a compile's process: generate ``sdfg``'s code and compile it, then mark the build finished with its
     libraries' checksums; unless another process built it meanwhile (it holds the folder's lock while it builds).
     True when it built."""
     folder = _folder(key, sdfg)
     forked.entering(WAITING)
-    with cache.writing(), cache.locked([folder]):
+    with _configured(device, cuda_arch), cache.writing(), cache.locked([folder]):
         if _on_disk(sdfg, key):
             return False
         shutil.rmtree(folder, ignore_errors=True)  # what a stopped or corrupted build left is not built upon
-        _generate_and_compile(sdfg, key, device, args)
-        binary = compiler.get_binary_name(folder, sdfg.name)
-        cache.record(folder, sorted(binary.parent.glob(f"lib*{binary.suffix}")))
+        forked.entering(GENERATING)
+        _compiled(_generate(sdfg, key, device), sdfg.name, args)
+        finished(folder, sdfg)
     return True
 
 
-def _generate_and_compile(sdfg: dace.SDFG, key: str, device: str, args: str) -> None:
-    forked.entering(GENERATING)
-    folder = _generate(sdfg, key, device)
+def generate_unless_built(sdfg: dace.SDFG, key: str, device: str, cuda_arch: str | None) -> bool:
+    """In a process of its own: ``_build_unless_built`` without the compile, which runs elsewhere (a cluster's
+    worker); False where the build folder is finished already."""
+    folder = _folder(key, sdfg)
+    forked.entering(WAITING)
+    with _configured(device, cuda_arch), cache.writing(), cache.locked([folder]):
+        if _on_disk(sdfg, key):
+            return False
+        shutil.rmtree(folder, ignore_errors=True)
+        forked.entering(GENERATING)
+        _generate(sdfg, key, device)
+    return True
+
+
+def finished(folder: pathlib.Path, sdfg: dace.SDFG) -> None:
+    """Mark ``sdfg``'s build in ``folder`` finished: its libraries' checksums, written last."""
+    binary = compiler.get_binary_name(folder, sdfg.name)
+    cache.record(folder, sorted(binary.parent.glob(f"lib*{binary.suffix}")))
+
+
+def compile_generated(folder: str, name: str, device: str, cuda_arch: str | None, args: str) -> None:
+    """Compile a program folder ``generate_unless_built`` wrote, wherever it now lies (a cluster's worker)."""
+    with _configured(device, cuda_arch):
+        _compiled(folder, name, args)
+
+
+def _compiled(folder: str, name: str, args: str) -> None:
     forked.entering(HEADER)
     _precompile_header(folder, args)
     forked.entering(COMPILING)
-    _compile_folder(folder, sdfg.name, args)
+    _compile_folder(folder, name, args)
 
 
 def _generate(sdfg: dace.SDFG, key: str, device: str) -> str:
@@ -313,45 +404,56 @@ def _compile_folder(folder: str, name: str, args: str) -> None:
 
 
 class _Compiles:
-    """Compiles side by side, each in a process of its own, each stopped with a CompileError ``limit`` seconds after
-    it started; the first error is raised and stops the others. Leaving the block stops those still running (an
-    error, an interrupt, in the block or in ``wait``): no compiler outlives its build, and the folders they leave
-    have no checksum file."""
+    """Compiles side by side, each in a process of its own, ``at_once`` at most at a time (None: no limit), each
+    stopped with a CompileError ``limit`` seconds after it started; paused while a step is timed (``alone``).
+    Leaving the block stops those still running (an error, an interrupt, in the block or in ``wait``): no compiler
+    outlives its build, and the folders they leave have no checksum file."""
 
-    def __init__(self, limit: float):
+    def __init__(self, limit: float, at_once: int | None = None):
         self._limit = limit
+        self._at_once = at_once
+        self._queued: dict[str, tuple] = {}  # a name -> its build's arguments, in the order started
         self._children: dict[str, forked.Child] = {}
         self._deadlines: dict[str, float] = {}  # time.monotonic() values
+        self._paused_at: float | None = None
+        alone.register(self)
 
     def __enter__(self) -> _Compiles:
         return self
 
-    def start(self, name: str, fn: Callable, *args) -> None:
-        if name in self._children:
-            return  # the same SDFG given twice is built once
-        # an interrupt between a fork and its record here would leave a child unstopped
-        with forked.interrupts_deferred():
-            self._children[name] = forked.Child(fn, *args)
-        self._deadlines[name] = time.monotonic() + self._limit
+    def start(self, sdfg: dace.SDFG, key: str, device: str, cuda_arch: str | None, args: str) -> None:
+        if sdfg.name not in self._children and sdfg.name not in self._queued:
+            self._queued[sdfg.name] = (sdfg, key, device, cuda_arch, args)
+            self._fork()
+
+    def _fork(self) -> None:
+        """Fork the queued compiles there is room for (none while a step is timed)."""
+        while self._queued and self._paused_at is None:
+            if self._at_once is not None and sum(not c.done() for c in self._children.values()) >= self._at_once:
+                return
+            name = next(iter(self._queued))
+            # an interrupt between a fork and its record here would leave a child unstopped
+            with forked.interrupts_deferred():
+                self._children[name] = forked.Child(_build_unless_built, *self._queued.pop(name))
+            self._deadlines[name] = time.monotonic() + self._limit
 
     def running(self, name: str) -> bool:
-        """Whether a compile of that name was started (an SDFG loaded or found on disk has none)."""
-        return name in self._children
+        return name in self._children or name in self._queued
 
-    def wait(self, report: Callable[[str, str], None] | None = None) -> dict[str, object]:
-        """Each compile's result, by name, once all have ended. ``report`` hears each compile's name with each
-        stage of STAGES it enters, and with "" as it ends."""
-        results, pending = {}, set(self._children)
-        heard = dict.fromkeys(self._children, "")
+    def wait(self, names: Iterable[str], report: Callable[[str, str], None] | None = None) -> dict[str, object]:
+        results, pending = {}, {n for n in names if self.running(n)}
+        heard = dict.fromkeys(pending, "")
         while pending:
+            self._fork()
+            started = sorted(n for n in pending if n in self._children)
             if report is not None:
-                for name in sorted(pending):
+                for name in started:
                     # (a stage read while the process rewrites it may be cut short: only whole ones are heard)
                     stage = self._children[name].stage()
                     if stage in STAGES and stage != heard[name]:
                         heard[name] = stage
                         report(name, stage)
-            for name in [n for n in sorted(pending) if self._children[n].done()]:
+            for name in [n for n in started if self._children[n].done()]:
                 pending.discard(name)
                 try:
                     results[name] = self._children[name].result()
@@ -359,7 +461,7 @@ class _Compiles:
                     raise CompileError(f"the compile process {e}") from None
                 if report is not None:
                     report(name, "")
-            late = [n for n in sorted(pending) if time.monotonic() > self._deadlines[n]]
+            late = [n for n in started if n in pending and time.monotonic() > self._deadlines[n]]
             if late:
                 stages = {n: self._children[n].stage() for n in late}
                 named = [readable_sdfg(n) + (f" ({stages[n]})" if stages[n] else "") for n in late]
@@ -369,14 +471,36 @@ class _Compiles:
                 )
             if pending:
                 time.sleep(0.02)
+        self._fork()  # the next build's compiles, at once: they run while this one is checked (and paused timing)
         return results
 
-    def __exit__(self, *exc) -> None:
+    def _stop(self, names: Iterable[str]) -> None:
+        children = []
+        for name in names:
+            self._queued.pop(name, None)
+            if name in self._children:
+                children.append(self._children[name])
         with forked.interrupts_deferred():  # a second interrupt while stopping them must not leave one running
-            for child in self._children.values():
+            for child in children:
                 child.kill()
-            for child in self._children.values():
+            for child in children:
                 child.reap()
+
+    def _pause(self) -> None:
+        self._paused_at = time.monotonic()
+        for child in self._children.values():
+            child.pause()
+
+    def _resume(self) -> None:
+        if self._paused_at is not None:
+            paused, self._paused_at = time.monotonic() - self._paused_at, None
+            for name, child in self._children.items():
+                self._deadlines[name] += paused  # a paused compile's time limit is moved by the pause
+                child.resume()
+
+    def __exit__(self, *exc) -> None:
+        self._queued.clear()
+        self._stop(list(self._children))
 
 
 def _compiler_error(log: str) -> str:

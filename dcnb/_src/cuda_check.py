@@ -5,8 +5,8 @@ DaCe's code generation is not thread-safe and changes its global configuration, 
 its own (forked.Child, leading its process group). It is forked when its step is made, on the thread
 that applies steps (forking while that thread is inside DaCe could copy a lock it holds), and then waits on a pipe
 until a thread of the session gives it its turn: one build at a time, at a lower priority, so that queued builds do
-not crowd the cores the steps are compiled and timed on, and none runs while a step is timed (``quiet``): a BERT-base
-layer's timings were taken with earlier steps' builds competing for the cores. It goes through
+not crowd the cores the steps are compiled and timed on, and none runs while a step is timed (``alone.timing``): a
+BERT-base layer's timings were taken with earlier steps' builds competing for the cores. It goes through
 ``build.build(..., "cuda")`` as a step on a GPU does, so it is cached by content, the architecture in the key.
 """
 
@@ -19,15 +19,14 @@ import queue
 import shutil
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import dace
 import torch
 
 from . import build as builder
-from . import forked
+from . import alone, forked
 from .errors import CompileError, DcnbError, InputError, describe, first_line
 
 #: the architectures one names (Ampere, its consumer parts, Ada, Hopper), as the numbers DaCe's CMake build takes
@@ -154,37 +153,6 @@ class _Job:
     status: CudaBuild
 
 
-#: every session's builds in this process, which ``quiet`` stops
-_ALL: weakref.WeakSet[Builds] = weakref.WeakSet()
-#: set while no step is timed: a build starts, or goes on, only then
-_UNTIMED = threading.Event()
-_UNTIMED.set()
-_TIMED = threading.Lock()
-_timed = 0
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """No CUDA build runs inside (a step being timed, of any session): the running ones are stopped with their
-    compilers (SIGSTOP) and go on afterwards, their time limits moved by the pause; queued ones start afterwards."""
-    global _timed
-    with _TIMED:
-        _timed += 1
-        if _timed == 1:
-            _UNTIMED.clear()
-            for builds in list(_ALL):
-                builds._pause()
-    try:
-        yield
-    finally:
-        with _TIMED:
-            _timed -= 1
-            if _timed == 0:
-                for builds in list(_ALL):
-                    builds._resume()
-                _UNTIMED.set()
-
-
 class Builds:
     """A session's CUDA builds for one architecture, run in order by a thread of their own; ``close`` stops them
     (the session does on being collected and at exit)."""
@@ -203,7 +171,7 @@ class Builds:
         self._running: _Job | None = None
         self._paused_at: float | None = None
         self._paused_for = 0.0
-        _ALL.add(self)
+        alone.register(self)
 
     def _pause(self) -> None:
         with self._lock:
@@ -275,14 +243,14 @@ class Builds:
     def _one(self, job: _Job) -> None:
         try:
             limit = builder.compile_timeout()
-            while not _UNTIMED.wait(0.1) and not self._closed:
+            while not alone.UNTIMED.wait(0.1) and not self._closed:
                 pass  # a step is being timed: this build waits for its turn until it is done
             with self._lock:
                 if job.status in self._cancelled:
                     return
                 os.write(job.go, b"g")
                 self._running, self._paused_for = job, 0.0
-                if not _UNTIMED.is_set():  # a timing began just now: paused from its start
+                if not alone.UNTIMED.is_set():  # a timing began just now: paused from its start
                     job.child.pause()
                     self._paused_at = time.monotonic()
         except (DcnbError, OSError) as e:  # a bad DCNB_COMPILE_TIMEOUT; a child stopped already

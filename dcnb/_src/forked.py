@@ -13,6 +13,7 @@ import pickle
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -105,9 +106,7 @@ class Child:
         if self.status is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, number)
-            for pid in _descendants(self.pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, number)
+            signal_tree(self.pid, number)
 
     def reap(self) -> None:
         if self.status is None:
@@ -158,6 +157,26 @@ def _child(parent: int, outcome, stage, fn: Callable, args: tuple) -> NoReturn:
         outcome.flush()
     finally:
         os._exit(0)
+
+
+def signal_tree(root: int, number: int) -> None:
+    """Signal ``root`` and every process below it (one that has ended meanwhile is passed over); a stop returns
+    once each has stopped (it takes effect as the process is next scheduled), or after a second."""
+    pids = [root, *_descendants(root)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, number)
+    deadline = time.monotonic() + 1
+    while number == signal.SIGSTOP and time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.002)
+
+
+def _running(pid: int) -> bool:
+    """Whether the process is there and not stopped (nor a zombie)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "TtZX"
+    except (OSError, IndexError):
+        return False
 
 
 def _descendants(root: int) -> list[int]:

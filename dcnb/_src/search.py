@@ -15,14 +15,18 @@ a second search of the same module, in this process or another, compiles nothing
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import math
+import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import actions, events, verify, workdir
+from . import build as builder
 from .errors import DcnbError, describe
 from .recipe import Entry
 from .record import MIB, Row, Step, Table
@@ -167,6 +171,8 @@ class SearchResult:
     builds: int
     #: why it stopped: "budget spent", "depth reached" or "nothing left to extend"
     stopped: str
+    #: where the candidates were compiled: this machine's cores, or a Dask cluster's workers
+    where: str = "this machine"
     #: where replaying the best failed (it holds on its own run: this is rare), why; the session stays at the last
     #: good step then
     replay_error: str | None = None
@@ -191,8 +197,8 @@ class SearchResult:
         failed = sum(not c.ok for c in self.candidates)
         return (
             f"search for {self.objective} (beam {self.beam}, depth {self.depth}, seed {self.seed}): {tried} "
-            f"candidates ({failed} failed) in {self.seconds:.0f} s of {self.budget:g} s, {self.builds} compiles; "
-            f"stopped: {self.stopped}"
+            f"candidates ({failed} failed) in {self.seconds:.0f} s of {self.budget:g} s, {self.builds} compiles on "
+            f"{self.where}; stopped: {self.stopped}"
         )
 
     def summary(self) -> str:
@@ -256,6 +262,7 @@ class SearchResult:
             "seconds": self.seconds,
             "builds": self.builds,
             "stopped": self.stopped,
+            "where": self.where,
             "replay_error": self.replay_error,
         }
 
@@ -274,6 +281,7 @@ def search(
     beam: int = BEAM,
     depth: int = DEPTH,
     seed: int = 0,
+    cluster: Any = None,
 ) -> SearchResult:
     """Beam search from the session's current step (``Session.search`` documents it); the best candidate's entries
     are then applied as ordinary steps."""
@@ -290,32 +298,43 @@ def search(
     deadline = began + budget
     stopped = "depth reached"
     report = session._report
+
+    def leading() -> str:
+        leader = min(
+            (c for c in tried if c.ok and c.same_as is None), key=lambda c: (c.score(objective), tiebreak[c.index])
+        )
+        return _leading(leader)
+
+    def saying(index: int) -> None:
+        left = max(0.0, deadline - time.perf_counter())
+        session._report = _prefixed(report, f"search, candidate {index} ({left:.0f} s left; best so far {leading()})")
+
     try:
-        with events.count() as counted:
+        with events.count() as counted, _compiles(cluster) as (compiles, ahead, where):
             for _level in range(depth):
                 children: list[tuple[Candidate, _State]] = []
-                for parent, state in frontier:
-                    for entry in _matching(session, state, wanted):
-                        if time.perf_counter() >= deadline:
+                tries = ((p, s, e) for p, s in frontier for e in _matching(session, s, wanted))
+                flight: collections.deque[_Flight] = collections.deque()
+                while True:
+                    # the next candidates begin (transformed, their compiles started) while the first is finished:
+                    # ``ahead`` of them, as many as the compiles' room
+                    while len(flight) <= ahead and time.perf_counter() < deadline:
+                        nxt = next(tries, None)
+                        if nxt is None:
                             break
-                        index = len(tried)
-                        recipe = (*parent.recipe, entry)
-                        left = deadline - time.perf_counter()
-                        leader = min(
-                            (c for c in tried if c.ok and c.same_as is None),
-                            key=lambda c: (c.score(objective), tiebreak[c.index]),
-                        )
-                        session._report = _prefixed(
-                            report, f"search, candidate {index} ({left:.0f} s left; best so far {_leading(leader)})"
-                        )
-                        session._progress(f"trying {', '.join(e.title for e in recipe)}")
-                        child, made = _evaluate(session, state, entry, index, recipe, parent.index, seen)
-                        tiebreak[index] = rng.random()
-                        if made is not None:
-                            seen[_content(made)] = index
-                            children.append((child, made))
-                        tried.append(child)
-                        session._report = report
+                        index = len(tried) + len(flight)
+                        saying(index)
+                        flight.append(_begin(session, compiles, *nxt, index, seen))
+                    if not flight:
+                        break
+                    first = flight.popleft()
+                    saying(first.index)
+                    child, made = _end(session, first)
+                    tiebreak[child.index] = rng.random()
+                    if made is not None:
+                        children.append((child, made))
+                    tried.append(child)
+                    session._report = report
                 if time.perf_counter() >= deadline:
                     stopped = "budget spent"
                 if not children:
@@ -327,7 +346,6 @@ def search(
                     break
     finally:
         session._report = report
-        session._built_hook = None
     seconds = time.perf_counter() - began
     # a candidate that compiled to an earlier one's SDFGs stands for that one (whose recipe is no longer)
     ok = [c for c in tried if c.ok and c.same_as is None]
@@ -347,56 +365,96 @@ def search(
         seconds=seconds,
         builds=counted["build"],
         stopped=stopped,
+        where=where,
         replay_error=replay_error,
     )
 
 
-class _Seen(Exception):
-    """A candidate's build is one tried before (``index``): it is not checked or timed again."""
+@contextlib.contextmanager
+def _compiles(cluster: Any) -> Iterator[tuple[builder.Compiles, int, str]]:
+    """Where a search's compiles run, how many candidates begin ahead of the one being finished, and the words
+    for it: this machine's cores (a candidate's two compiles at a time per two cores), or a Dask cluster's."""
+    if cluster is None:
+        cores = os.cpu_count() or 1
+        with builder.compiling(at_once=max(2, cores)) as compiles:
+            yield compiles, max(1, cores // 2), f"this machine's {cores} cores"
+        return
+    from . import cluster as dask_cluster
 
-    def __init__(self, index: int):
-        super().__init__(index)
-        self.index = index
+    client = dask_cluster.client(cluster)
+    threads = dask_cluster.threads(client)
+    if not threads:
+        raise DcnbError(f"the Dask cluster at {client.scheduler.address} has no workers to compile on")
+    with dask_cluster.DaskCompiles(client, builder.compile_timeout()) as compiles:
+        yield compiles, max(1, threads // 2), f"a Dask cluster of {threads} worker threads"
 
 
-def _evaluate(
+@dataclasses.dataclass
+class _Flight:
+    """A candidate begun: its compiles under way (``begun``), or already decided (``candidate``: it failed, or it
+    compiled to an earlier one's SDFGs)."""
+
+    index: int
+    recipe: tuple[Entry, ...]
+    parent: int
+    seconds: float
+    begun: Any = None
+    candidate: Candidate | None = None
+
+
+def _begin(
     session: Session,
+    compiles: builder.Compiles,
+    parent: Candidate,
     state: _State,
     entry: Entry,
     index: int,
-    recipe: tuple[Entry, ...],
-    parent: int,
     seen: dict[tuple[str | None, ...], int],
-) -> tuple[Candidate, _State | None]:
-    """``entry`` applied to ``state`` as ``Session.apply`` applies a step (transformed, compiled, checked, timed), but
-    kept out of the history; a failure is the candidate's reason, never raised (an interrupt is). Where it compiled
-    to the SDFGs of a candidate in ``seen`` (their content -> its index), it stands for that one: not checked or
-    timed again."""
-
-    def tried_before(built) -> None:
-        # in build order (the backward, then the forward), as a state's compiled SDFGs are the other way round
-        content = tuple(None if s is None else s.name for s in reversed(built.sdfgs))
-        if content in seen:
-            raise _Seen(seen[content])
-
+) -> _Flight:
+    """``entry`` applied to ``state`` as ``Session.apply`` applies a step, up to its compiles (``Session._begin``),
+    kept out of the history; a failure is the candidate's reason, never raised (an interrupt is). Where it makes
+    the SDFGs of a candidate in ``seen`` (their content -> its index), it stands for that one."""
+    recipe = (*parent.recipe, entry)
+    session._progress(f"trying {', '.join(e.title for e in recipe)}")
     started = time.perf_counter()
-    made, error = None, None
-    session._built_hook = tried_before
     try:
         with verify.preserved(session._module, session.training), workdir.untouched():
-            made = session._advance(state, entry, len(session._history))
-    except _Seen as e:
-        return Candidate(index, recipe, parent, True, seconds=time.perf_counter() - started, same_as=e.index), None
-    except DcnbError as e:
-        error = str(e)
-    except Exception as e:  # a transformation that crashes fails its candidate, not the search
-        error = f"{entry.name} raised {describe(e)}"
-    finally:
-        session._built_hook = None
+            begun = session._begin(state, entry, len(session._history), compiles)
+    except Exception as e:
+        seconds = time.perf_counter() - started
+        failed = Candidate(index, recipe, parent.index, False, error=_reason(entry, e), seconds=seconds)
+        return _Flight(index, recipe, parent.index, seconds, candidate=failed)
     seconds = time.perf_counter() - started
+    # in build order (the backward, then the forward), as a state's compiled SDFGs are the other way round
+    content = tuple(reversed(begun.building.started.names))
+    if content in seen:
+        same = Candidate(index, recipe, parent.index, True, seconds=seconds, same_as=seen[content])
+        return _Flight(index, recipe, parent.index, seconds, candidate=same)
+    seen[content] = index
+    return _Flight(index, recipe, parent.index, seconds, begun=begun)
+
+
+def _end(session: Session, flight: _Flight) -> tuple[Candidate, _State | None]:
+    """A begun candidate's build waited for, checked and timed (``Session._end``)."""
+    if flight.candidate is not None:
+        return flight.candidate, None
+    started = time.perf_counter()
+    made, error = None, None
+    try:
+        with verify.preserved(session._module, session.training), workdir.untouched():
+            made = session._end(flight.begun)
+    except Exception as e:
+        error = _reason(flight.recipe[-1], e)
+    seconds = flight.seconds + time.perf_counter() - started
     if made is None:
-        return Candidate(index, recipe, parent, False, error=error, seconds=seconds), None
-    return Candidate(index, recipe, parent, True, step=made.step, seconds=seconds), made
+        return Candidate(flight.index, flight.recipe, flight.parent, False, error=error, seconds=seconds), None
+    return Candidate(flight.index, flight.recipe, flight.parent, True, step=made.step, seconds=seconds), made
+
+
+def _reason(entry: Entry, e: Exception) -> str:
+    """Why a candidate failed: the step's error (it matched nothing, did not compile, broke correctness); a
+    transformation that crashes fails its candidate, not the search."""
+    return str(e) if isinstance(e, DcnbError) else f"{entry.name} raised {describe(e)}"
 
 
 def _replay(session: Session, recipe: tuple[Entry, ...]) -> tuple[list[Step], str | None]:

@@ -17,7 +17,7 @@ from torch import nn
 
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import actions, arguments, cuda_check, diff, events, native, passes, probe, program, timing, verify, workdir
+from . import actions, alone, arguments, cuda_check, diff, events, native, passes, probe, program, timing, verify, workdir
 from . import search as search_module
 from .analysis import Analysis
 from .errors import DcnbError, InputError, StepError, check, describe
@@ -160,8 +160,6 @@ class Session:
         self._timed = timed
         #: Session.module: one object, following the current step
         self._compiled: DcnbModule | None = None
-        #: called with each build before it is checked (a search's: it stops where the build was tried before)
-        self._built_hook: Callable[[builder.Built], None] | None = None
 
     def _start(self, baselines: tuple[str, ...], time_budget: float, recipe: tuple[Entry, ...] = ()) -> None:
         """Run PyTorch eager for the reference, export and import the module, and build step 0 (naive), or the
@@ -413,6 +411,7 @@ class Session:
         beam: int = search_module.BEAM,
         depth: int = search_module.DEPTH,
         seed: int = 0,
+        cluster: Any = None,
     ) -> search_module.SearchResult:
         """Find a recipe: a beam search from the current step over sequences of ``actions`` (names, or recipe
         entries with options; default: every action on offer), each extended by every action that matches at its
@@ -420,8 +419,13 @@ class Session:
         spent (a candidate begun is finished). Every candidate is built, checked and timed as a step is, but kept
         out of the history; ``objective`` "time" ranks by dcnb's time over eager's, "memory" by the intermediate
         bytes, then time; ties are broken by ``random.Random(seed)``. The best becomes ordinary steps (``apply``
-        for each of its entries); the result holds every candidate tried, failed ones with their reason."""
-        return search_module.search(self, budget, objective, actions, beam, depth, seed)
+        for each of its entries); the result holds every candidate tried, failed ones with their reason.
+
+        The next candidates are transformed and their compiles started while one is checked and timed; where they
+        compile: this machine's cores, or with ``cluster`` (a ``dask.distributed.Client`` or a scheduler's address,
+        ``pip install dcnb[cluster]``) the cluster's workers, their binaries brought back here, where every
+        candidate is checked and timed, alone (compiles here pause while a candidate is timed)."""
+        return search_module.search(self, budget, objective, actions, beam, depth, seed, cluster)
 
     def undo(self) -> Step:
         """Go back to the state before the last successful step; returns the step now current."""
@@ -461,6 +465,12 @@ class Session:
         self._report(message)
 
     def _advance(self, state: _State, applied: Entry, index: int) -> _State:
+        with builder.compiling() as compiles:
+            return self._end(self._begin(state, applied, index, compiles))
+
+    def _begin(self, state: _State, applied: Entry, index: int, compiles: builder.Compiles) -> _Begun:
+        """``applied`` applied to a copy of ``state``'s SDFGs, their compiles started in ``compiles``; ``_end``
+        waits for them, checks and times (a search begins the next candidate in between)."""
         action = actions.get(applied.name)
         if action.before_autodiff:
             pre = copy.deepcopy(state.pre)
@@ -468,7 +478,7 @@ class Session:
             check(count, f"{applied.name} matches nothing in the forward SDFG")
             before = tuple(a for a in state.applied if actions.get(a.name).before_autodiff)
             after = tuple(a for a in state.applied if not actions.get(a.name).before_autodiff)
-            return self._make_state(pre, (*before, applied), index, count, replay=after)
+            return self._begin_from(pre, (*before, applied), compiles, index, count, replay=after)
         prog = dataclasses.replace(
             state.sdfgs, forward=copy.deepcopy(state.sdfgs.forward), backward=copy.deepcopy(state.sdfgs.backward)
         )
@@ -484,8 +494,8 @@ class Session:
             why_not = _why_not(action, prog, applied)
             check(sum(counts), f"{applied.name} matches nothing in the forward or backward SDFG{why_not}")
 
-        built = self._build(prog, transformed(), name=applied.name)
-        return self._finish(state.pre, prog, built, (*state.applied, applied), index, sum(counts))
+        building = self._start_build(prog, transformed(), applied.name, compiles)
+        return _Begun(state.pre, prog, building, (*state.applied, applied), index, sum(counts))
 
     def _make_state(
         self,
@@ -495,7 +505,19 @@ class Session:
         count: int = 0,
         replay: tuple[Entry, ...] = (),
     ) -> _State:
-        """The state for a forward SDFG before autodiff: differentiated, then the after-autodiff steps of
+        with builder.compiling() as compiles:
+            return self._end(self._begin_from(pre, applied, compiles, index, count, replay))
+
+    def _begin_from(
+        self,
+        pre: dace.SDFG,
+        applied: tuple[Entry, ...],
+        compiles: builder.Compiles,
+        index: int = 0,
+        count: int = 0,
+        replay: tuple[Entry, ...] = (),
+    ) -> _Begun:
+        """The state for a forward SDFG before autodiff, begun: differentiated, then the after-autodiff steps of
         ``replay`` applied again; each that no longer matches is left out of the recipe, and the step says so."""
         self._progress("generating the backward pass by autodiff" if self.backward else "preparing the forward pass")
         notes, kept = [], []
@@ -511,14 +533,15 @@ class Session:
                         f"{entry.name}, applied after autodiff before, matches nothing now; left out of the recipe"
                     )
         applied = (*applied[:-1], *kept, *applied[-1:])
-        built = self._build(prog, _build_order(prog), name=_last(applied).name)
-        return self._finish(pre, prog, built, applied, index, count, tuple(notes))
+        building = self._start_build(prog, _build_order(prog), _last(applied).name, compiles)
+        return _Begun(pre, prog, building, applied, index, count, tuple(notes))
 
-    def _build(self, prog: Program, sides: Iterable[dace.SDFG | None], name: str) -> builder.Built:
-        """Compile each side of ``prog`` as ``sides`` gives it (in ``_build_order``); each compile starts at once,
-        while the next side is made. The sides are validated only where the build fails: DaCe validates each again
-        before it generates its code, in the compile's own process (validating a ResNet-18's backward first held its
-        compile back 1.2 s). Progress says what each side's build is doing (build.STAGES): a step's longest phase."""
+    def _start_build(
+        self, prog: Program, sides: Iterable[dace.SDFG | None], name: str, compiles: builder.Compiles
+    ) -> _Building:
+        """Start the compile of each side of ``prog`` as ``sides`` gives it (in ``_build_order``); each starts at
+        once, while the next side is made. Progress says what each side's build is doing (build.STAGES): a step's
+        longest phase."""
         made = []
         stages: dict[str, str] = {}  # "backward", "forward" -> its stage (build.STAGES), in build order
 
@@ -539,18 +562,18 @@ class Session:
             if stages:
                 self._report(_building(stages))
 
-        try:
-            built = builder.build(announced(), self.device, cuda_arch=self._cuda_arch, report=report)
-        except Exception as e:
-            for side in made:
-                try:
-                    side.validate()
-                except Exception as invalid:
-                    raise StepError(f"{name} left an invalid SDFG: {describe(invalid)}") from e
-            raise
+        building = _Building(name, made)
+        with building.validated():
+            building.started = builder.start(announced(), self.device, compiles, self._cuda_arch, report)
+        return building
+
+    def _end(self, begun: _Begun) -> _State:
+        """``_begin``'s build waited for, checked against PyTorch and timed."""
+        with begun.building.validated():
+            built = begun.building.started.finish()
         if self.device == "cpu" and not native.ready():
             self._progress("building dcnb's C++ call path (once per machine and PyTorch version)")
-        return built
+        return self._finish(begun.pre, begun.prog, built, begun.applied, begun.index, begun.count, begun.notes)
 
     def _finish(
         self,
@@ -562,8 +585,6 @@ class Session:
         count: int,
         notes: tuple[str, ...] = (),
     ) -> _State:
-        if self._built_hook is not None:
-            self._built_hook(built)
         last = _last(applied)
         name = last.name
         (backward, forward), (backward_sdfg, forward_sdfg) = built.binaries, built.sdfgs
@@ -578,7 +599,7 @@ class Session:
         timings, timing_notes = {}, ()
         if self._timed:
             self._progress("timing")
-            with cuda_check.quiet():  # no background CUDA build competes for the cores
+            with alone.timing():  # no background CUDA build competes for the cores
                 timings, timing_notes = self._baselines.time(candidate)
         step = Step(
             index=index,
@@ -640,9 +661,45 @@ class Session:
         return DcnbModule(self._module, OneBuild(self._call, self._signature(), self._variant(runner)), self.training)
 
 
+@dataclasses.dataclass
+class _Building:
+    """A step's build under way: what it was started for and the SDFGs given so far. The SDFGs are validated only
+    where the build fails: DaCe validates each again before it generates its code, in the compile's own process
+    (validating a ResNet-18's backward first held its compile back 1.2 s)."""
+
+    name: str
+    made: list[dace.SDFG]
+    started: builder.Started | None = None
+
+    @contextlib.contextmanager
+    def validated(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as e:
+            for side in self.made:
+                try:
+                    side.validate()
+                except Exception as invalid:
+                    raise StepError(f"{self.name} left an invalid SDFG: {describe(invalid)}") from e
+            raise
+
+
+@dataclasses.dataclass
+class _Begun:
+    """A step begun (``Session._begin``): its SDFGs made, their compiles under way."""
+
+    pre: dace.SDFG
+    prog: Program
+    building: _Building
+    applied: tuple[Entry, ...]
+    index: int
+    count: int
+    notes: tuple[str, ...] = ()
+
+
 @contextlib.contextmanager
 def _timed_alone(module: nn.Module, training: bool) -> Iterator[None]:
-    with verify.preserved(module, training), cuda_check.quiet():
+    with verify.preserved(module, training), alone.timing():
         yield
 
 
@@ -718,6 +775,7 @@ _BUILDING = {
     builder.GENERATING: "generating code for {}",
     builder.HEADER: "building DaCe's precompiled header for {}",
     builder.COMPILING: "compiling {}",
+    builder.ON_WORKER: "compiling {} on a worker of the cluster",
 }
 
 

@@ -3,12 +3,14 @@ the best replayed as ordinary steps, the table of every candidate, seeded order,
 
 import json
 import math
+import os
+import pathlib
 
 import pytest
 import torch
 
 import dcnb
-from dcnb._src import events
+from dcnb._src import events, forked, timing
 from tests.models import Mish
 from tests.zoo import CASES
 
@@ -39,6 +41,10 @@ def cache(tmp_path_factory):
 def searched(cache):
     session = _session()
     return session, session.search(60, **SEARCH)
+
+
+def _state(pid: int) -> str:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def _titles(result) -> list[str]:
@@ -156,3 +162,22 @@ def test_bad_input_names_its_cause(searched, kwargs, cause):
     with pytest.raises(dcnb.DcnbError, match="search's|recipe entry") as raised:
         session.search(**kwargs)
     assert cause in str(raised.value) and session.history == before
+
+
+def test_compiles_here_run_while_a_candidate_is_checked_and_pause_while_it_is_timed(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCNB_CACHE", str(tmp_path / "cache"))
+    seen = []  # for each timing: the states of the processes below this one (the search's compiles)
+    timed = timing.Baselines.time
+
+    def recorded(self, candidate):
+        seen.append([_state(p) for p in forked._descendants(os.getpid())])
+        return timed(self, candidate)
+
+    torch.manual_seed(0)  # a shape of its own: no binary of it is loaded in this process
+    session = dcnb.optimize(Mish(), torch.rand(2, 9, 4, 16), baselines=("torch",), time_budget=0.05)
+    monkeypatch.setattr(timing.Baselines, "time", recorded)
+    result = session.search(300, **SEARCH)
+    assert result.builds > 0 and all(c.ok for c in result.candidates)
+    during = seen[: len(result.candidates) - 1]  # the candidates' timings (then the best's steps are applied)
+    assert any(during), "no candidate's compile ran beside another's check: the search built one at a time"
+    assert all(state in "TtZ" for states in during for state in states), during

@@ -215,9 +215,9 @@ def test_a_step_transforms_the_forward_while_the_backward_compiles(fresh_cache, 
     compiling, seen = [], []  # the SDFGs whose compile has started; those compiling when each side is transformed
     start, run = build._Compiles.start, session_module._run
 
-    def recorded_start(self, name, *args):
-        compiling.append(name)
-        return start(self, name, *args)
+    def recorded_start(self, sdfg, *args):
+        compiling.append(sdfg.name)
+        return start(self, sdfg, *args)
 
     def recorded_run(action, sdfg, *args, **kwargs):
         seen.append((sdfg.name, list(compiling)))
