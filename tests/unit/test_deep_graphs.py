@@ -1,6 +1,8 @@
 """Making a step scales with the network: what dcnb does per node of a deep graph does not walk the whole graph (or
 the whole Python stack) again each time (issue 36). Each test counts the walks on synthetic graphs of two depths."""
 
+import inspect
+
 import dace
 import pytest
 from dace.sdfg import scope
@@ -144,3 +146,27 @@ def _dace_s(state, name, ranges, inputs, code, outputs, input_nodes, output_node
     return state.add_mapped_tasklet(
         name, ranges, inputs, code, outputs, external_edges=True, input_nodes=input_nodes, output_nodes=output_nodes
     )
+
+
+def _line() -> int:
+    return inspect.currentframe().f_back.f_lineno
+
+
+def test_a_node_added_records_its_caller_s_line_without_walking_the_stack(calls):
+    # gap: DaCe's default line information (compiler.lineinfo "inspect") took inspect.stack() per node added
+    stacks = calls(inspect, "stack")
+    with dace.config.set_temporary("compiler", "lineinfo", value="inspect"):
+        sdfg = dace.SDFG("lines")
+        sdfg.add_array("x", [4], dace.float32)
+        state = sdfg.add_state()
+        node, line = state.add_access("x"), _line()
+        _, entry, _ = state.add_mapped_tasklet(
+            "m", {"i": "0:4"}, {"a": dace.Memlet("x[i]")}, "b = a", {"b": dace.Memlet("x[i]")}, external_edges=True
+        )
+    assert not stacks
+    assert (node.debuginfo.start_line, node.debuginfo.filename) == (line, __file__)
+    assert entry.map.debuginfo.start_line == line + 1
+    explicit = dace.dtypes.DebugInfo(7, 0, 7, 0, "given.py")
+    assert state.add_access("x", debuginfo=explicit).debuginfo is explicit
+    with dace.config.set_temporary("compiler", "lineinfo", value="none"):
+        assert state.add_access("x", debuginfo=explicit).debuginfo is None
