@@ -19,6 +19,11 @@ else:
 # the cell's output and the benchmarks' JSON lines; the session reports its phases itself
 dace.Config.set("progress", value=False)
 
+# gap: DaCe keeps a transformation history by default: the first transformation of an SDFG (an ONNX node expanded on
+# import) deep-copies the whole SDFG into its orig_sdfg, which every later copy (each step's, autodiff's) copies again
+# and every serialization (each build's hash) writes out and drops; dcnb never reads it, and the hash leaves it out
+dace.Config.set("store_history", value=False)
+
 # gap: DaCe's RedundantArray prints a debugging line ("CREATED VIEW(2): <array>") to stdout whenever it makes a view,
 # its module's only print: into the cell's output on every step of a weight-standardized convolution's model (BiT);
 # a name of that module's own shadows the builtin there and nowhere else

@@ -170,3 +170,20 @@ def test_a_node_added_records_its_caller_s_line_without_walking_the_stack(calls)
     assert state.add_access("x", debuginfo=explicit).debuginfo is explicit
     with dace.config.set_temporary("compiler", "lineinfo", value="none"):
         assert state.add_access("x", debuginfo=explicit).debuginfo is None
+
+
+def test_a_transformed_sdfg_carries_no_copy_of_itself(calls):
+    # gap: DaCe's transformation history deep-copied the whole SDFG at its first transformation (orig_sdfg), a copy
+    # every later deepcopy and serialization of it made again
+    sdfg = dace.SDFG("history")
+    sdfg.add_array("x", [4, 8], dace.float32)
+    sdfg.add_array("y", [8], dace.float32)
+    state = sdfg.add_state()
+    state.add_reduce("lambda a, b: a + b", [0], 0)
+    reduce = state.nodes()[-1]
+    state.add_edge(state.add_read("x"), None, reduce, None, dace.Memlet("x[0:4, 0:8]"))
+    state.add_edge(reduce, None, state.add_write("y"), None, dace.Memlet("y[0:8]"))
+    copies = calls(dace.SDFG, "__deepcopy__")
+    reduce.expand(state)
+    # (the expansion's own SDFG is nested into this one, not copied)
+    assert sdfg.orig_sdfg is None and not sdfg.transformation_hist and not copies
