@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import html
+import importlib.util
 import json
 import keyword
 import pathlib
@@ -55,6 +56,11 @@ class DcnbMagics(Magics):
         type=float,
         metavar="SECONDS",
         help="then search for a recipe for this many seconds (Session.search); the best becomes steps",
+    )
+    @argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="a Dask scheduler's address (tcp://host:8786): searches, --search's and the view's, compile there",
     )
     @argument("--as", dest="variable", metavar="VAR", help="the variable for the session (default: <class>_opt)")
     @argument(
@@ -125,6 +131,7 @@ class DcnbMagics(Magics):
             cuda_build=False if args.no_cuda_build else None,
             cuda_arch=args.cuda_arch,
             search=args.search,
+            cluster=args.cluster,
         )
 
 
@@ -137,6 +144,7 @@ def _build(
     *,
     recipe: list[Entry],
     search: float | None = None,
+    cluster: str | None = None,
     **options: Any,
 ) -> None:
     from .session import optimize
@@ -168,10 +176,13 @@ def _build(
             )
         except DcnbError as e:
             failed = str(e)
-        found = session.search(search) if search is not None and failed is None else None
+        try:
+            found = session.search(search, cluster=cluster) if search is not None and failed is None else None
+        except DcnbError as e:  # (a cluster that does not answer): the session stands, its view shows
+            found, failed = None, str(e)
         line("drawing the session's graphs")
         namespace[variable] = session
-        widget = SessionWidget(session, variable=variable, progress=progress)
+        widget = SessionWidget(session, variable=variable, progress=progress, cluster=cluster)
         if found is not None:
             widget.record_search(found)
         widget.display_id = display(widget, display_id=True).display_id
@@ -261,6 +272,8 @@ def _check_options(args: Any) -> None:
         raise UsageError(f"--time-budget {budget:g}: give the seconds of timing per step, e.g. 2 (0: the fewest runs).")
     if args.search is not None and not 0 < args.search < float("inf"):
         raise UsageError(f"--search {args.search:g}: give the seconds the search may take, e.g. 300.")
+    if args.cluster is not None and importlib.util.find_spec("distributed") is None:
+        raise UsageError("--cluster: a search on a cluster needs Dask's distributed scheduler: pip install 'dcnb[cluster]'.")
     for b in (b.strip() for b in args.baselines.split(",")):
         if b and b not in BASELINES:
             raise UsageError(f"--baselines: {b!r} is not a baseline; choose from {', '.join(BASELINES)} (or '' for none).")

@@ -1,6 +1,6 @@
 """A search's compiles on a local Dask cluster of 2 workers: code generated here, compiled on a worker, the
 libraries brought back into this machine's cache, every candidate checked and timed here, the workers on this
-machine paused meanwhile."""
+machine paused meanwhile; from Session.search, %%dcoptimize --cluster and the view's Search."""
 
 import os
 import pathlib
@@ -10,9 +10,11 @@ import time
 import pytest
 import torch
 from dask.distributed import Client, LocalCluster, get_task_stream
+from IPython.core.error import UsageError
 
 import dcnb
 from dcnb._src import alone, cluster
+from dcnb._src.views.widget import SessionWidget
 from tests.models import Mish
 
 pytestmark = pytest.mark.compile
@@ -98,3 +100,21 @@ def test_a_cluster_that_is_not_one_names_its_cause(given, cause):
     with pytest.raises(dcnb.DcnbError) as raised:
         session.search(60, cluster=given, **SEARCH)
     assert cause in str(raised.value) and session.history == before
+
+
+def test_the_magic_and_its_view_search_on_the_cluster_named(fresh, local_cluster, ip):
+    running, _ = local_cluster
+    cell = "class Mish(nn.Module):\n    def forward(self, x):\n        return x * torch.tanh(nn.functional.softplus(x))"
+    timed = "--inputs torch.rand(2,3,9,8) --baselines torch --time-budget 0.05"
+    ip.run_cell_magic("dcoptimize", f"{timed} --search 20 --cluster {running.scheduler_address} --as clustered", cell)
+    session = ip.user_ns["clustered"]
+    assert session.current.ok and len(session.history) >= 1
+    # the view's Search compiles there too
+    view = SessionWidget(session, variable="clustered", cluster=running.scheduler_address)
+    asked = {"method": "custom", "content": {"event": "search", "budget": 5}}
+    view._handle_msg({"content": {"data": asked}, "buffers": []})
+    assert "on a Dask cluster of 2 worker threads" in view.message, view.message
+    # a scheduler that does not answer: said, and the session built before it stands
+    with pytest.raises(UsageError, match=r"no Dask scheduler answers at 'tcp://127.0.0.1:9'.*holds the steps before"):
+        ip.run_cell_magic("dcoptimize", f"{timed} --search 20 --cluster tcp://127.0.0.1:9 --as unreached", cell)
+    assert ip.user_ns["unreached"].current.ok

@@ -148,10 +148,13 @@ class SessionWidget(ipywidgets.DOMWidget):
         variable: str = "session",
         progress: Progress | None = None,
         display_id: str | None = None,
+        cluster: Any = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.session = session
+        #: where the view's searches compile (Session.search's ``cluster``; None: this machine's cores)
+        self.cluster = cluster
         #: the progress callable the session was built with; while a request runs it reports to ``busy``
         self.progress = progress
         self.variable = variable
@@ -414,7 +417,7 @@ class SessionWidget(ipywidgets.DOMWidget):
         if not isinstance(budget, (int, float)) or isinstance(budget, bool):
             raise DcnbError(f"a search needs a budget in seconds (got {budget!r})")
         self.busy = f"searching for {budget:g} s"
-        found = self.session.search(float(budget))
+        found = self.session.search(float(budget), cluster=self.cluster)
         self.record_search(found)
         return f"{found.headline}; {found.summary()}"
 
