@@ -91,7 +91,7 @@ def test_a_worker_compiles_for_this_machines_cpu():
     "given,cause",
     [
         (42, "search's cluster must be a dask.distributed Client or a scheduler's address, not 42"),
-        ("tcp://127.0.0.1:9", "no Dask scheduler answers at 'tcp://127.0.0.1:9'"),
+        (["tcp://127.0.0.1:9"], "search's cluster must be a dask.distributed Client or a scheduler's address"),
     ],
 )
 def test_a_cluster_that_is_not_one_names_its_cause(given, cause):
@@ -106,15 +106,15 @@ def test_the_magic_and_its_view_search_on_the_cluster_named(fresh, local_cluster
     running, _ = local_cluster
     cell = "class Mish(nn.Module):\n    def forward(self, x):\n        return x * torch.tanh(nn.functional.softplus(x))"
     timed = "--inputs torch.rand(2,3,9,8) --baselines torch --time-budget 0.05"
-    ip.run_cell_magic("dcoptimize", f"{timed} --search 20 --cluster {running.scheduler_address} --as clustered", cell)
+    ip.run_cell_magic("dcoptimize", f"{timed} --search 8 --cluster {running.scheduler_address} --as clustered", cell)
     session = ip.user_ns["clustered"]
     assert session.current.ok and len(session.history) >= 1
     # the view's Search compiles there too
     view = SessionWidget(session, variable="clustered", cluster=running.scheduler_address)
-    asked = {"method": "custom", "content": {"event": "search", "budget": 5}}
+    asked = {"method": "custom", "content": {"event": "search", "budget": 3}}
     view._handle_msg({"content": {"data": asked}, "buffers": []})
     assert "on a Dask cluster of 2 worker threads" in view.message, view.message
     # a scheduler that does not answer: said, and the session built before it stands
     with pytest.raises(UsageError, match=r"no Dask scheduler answers at 'tcp://127.0.0.1:9'.*holds the steps before"):
-        ip.run_cell_magic("dcoptimize", f"{timed} --search 20 --cluster tcp://127.0.0.1:9 --as unreached", cell)
+        ip.run_cell_magic("dcoptimize", f"{timed} --search 8 --cluster tcp://127.0.0.1:9 --as unreached", cell)
     assert ip.user_ns["unreached"].current.ok
