@@ -7,7 +7,7 @@ import dace
 import pytest
 from dace.sdfg import scope
 
-from dcnb._src.passes import after_autodiff, broadcast_sums
+from dcnb._src.passes import after_autodiff, broadcast_sums, lifetimes
 from dcnb._src.passes.top_level import add_top_level_map
 
 
@@ -113,6 +113,7 @@ def test_a_sums_reduction_type_is_worked_out_once(calls):
         ({"a": "x[i, 2 * j + 1]"}, {"b": "s[i]"}),  # a sum: the write-conflict resolution kept outside
         ({"a": "x[i, j]", "c": "x[i, j + 1]"}, {"b": "y[3, i]"}),  # two reads of one array, unioned
         ({"a": "x[i, j]", "c": "x[i, j]"}, {"b": "y[i + 1, 2]"}),  # two equal reads, counted once
+        ({}, {"b": "y[i, j]"}),  # nothing read (a zeroing)
     ],
 )
 def test_a_top_level_map_gets_the_outer_memlets_dace_propagates(inputs, outputs):
@@ -127,7 +128,7 @@ def test_a_top_level_map_gets_the_outer_memlets_dace_propagates(inputs, outputs)
         writes = {m.split("[")[0] for m in outputs.values()}
         add(
             state, "m", {"i": "0:4", "j": "0:4"},
-            {c: dace.Memlet(m) for c, m in inputs.items()}, "b = a",
+            {c: dace.Memlet(m) for c, m in inputs.items()}, "b = a" if inputs else "b = 0",
             {c: dace.Memlet(m, wcr="lambda x, y: x + y" if m.startswith("s") else None) for c, m in outputs.items()},
             {d: state.add_access(d) for d in sorted(reads)}, {d: state.add_access(d) for d in sorted(writes)},
         )
@@ -140,6 +141,32 @@ def test_a_top_level_map_gets_the_outer_memlets_dace_propagates(inputs, outputs)
             )
         )
     assert made[0] == made[1]
+
+
+def _zeroed(count: int) -> dace.SDFG:
+    """``count`` transients that start at zero (``setzero``), each a tasklet adds into and an output copies."""
+    sdfg = dace.SDFG("zeroed")
+    state = sdfg.add_state()
+    for k in range(count):
+        sdfg.add_array(f"t{k}", [4, 3], dace.float32, transient=True)
+        sdfg.add_array(f"o{k}", [4, 3], dace.float32)
+        tasklet = state.add_tasklet(f"add{k}", {}, {"y"}, "y = 1")
+        zeroed = state.add_access(f"t{k}")
+        zeroed.setzero = True
+        state.add_edge(tasklet, "y", zeroed, None, dace.Memlet(f"t{k}[0, 0]", wcr="lambda x, y: x + y"))
+        state.add_nedge(zeroed, state.add_access(f"o{k}"), dace.Memlet(f"t{k}[0:4, 0:3]"))
+    return sdfg
+
+
+def test_transients_are_zeroed_without_resolving_every_array_s_symbols_per_array(calls):
+    # gap: add_mapped_tasklet's propagation resolved the symbols of every array of the SDFG for each zeroing map
+    # scratch_once_per_binary added (6 s of EfficientNet-B0's backward build)
+    resolved = calls(dace.SDFGState, "sdfg_symbols")
+    sdfg = _zeroed(8)
+    assert lifetimes.scratch_once_per_binary(sdfg) == 8
+    sdfg.validate()
+    zeroing = [n for n in sdfg.start_state.nodes() if isinstance(n, dace.nodes.Tasklet) and n.label.startswith("zero_")]
+    assert len(zeroing) == 8 and not resolved
 
 
 def _dace_s(state, name, ranges, inputs, code, outputs, input_nodes, output_nodes):

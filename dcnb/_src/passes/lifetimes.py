@@ -8,6 +8,8 @@ import dace
 from dace.sdfg import nodes
 from dace.transformation.auto.auto_optimize import make_transients_persistent
 
+from .top_level import add_top_level_map
+
 
 def persistent_gpu_transients(sdfg: dace.SDFG) -> None:
     """GPU transients allocated once per loaded binary, not with cudaMalloc and cudaFree on every call."""
@@ -72,13 +74,13 @@ def scratch_once_per_binary(sdfg: dace.SDFG) -> int:
         for name in zeroed:
             shape = sdfg.arrays[name].shape
             params = [f"__z{i}" for i in range(len(shape))]
-            zeroing = first.add_mapped_tasklet(
+            zeroing = add_top_level_map(
+                first,
                 f"zero_{name}",
                 {p: f"0:{size}" for p, size in zip(params, shape)},
                 {},
                 "__out = 0",
                 {"__out": dace.Memlet(f"{name}[{', '.join(params)}]")},
-                external_edges=True,
             )
             # the same nodes in every build of this SDFG, so that a step's picture shows them unchanged (views/graph.py
             # matches nodes by guid)

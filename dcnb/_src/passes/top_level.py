@@ -2,9 +2,9 @@
 add maps to a whole network's state use in place of ``SDFGState.add_mapped_tasklet``'s propagation.
 
 gap: ``add_mapped_tasklet(external_edges=True)`` propagates each outer memlet through ``propagate_memlet``, which
-rebuilds the whole state's scope dictionary (the state just changed) and resolves the SDFG's symbols anew on every
-call: a pass adding one map per gradient to a network's backward grew with the square of its size (ResNet-50's
-backward: 25 of the 57 s that autodiff and its passes took).
+rebuilds the whole state's scope dictionary (the state just changed) and resolves the symbols of every array of the
+SDFG anew on every call: a pass adding one map per gradient (or per array it zeroes) grew with the square of the
+network (ResNet-50's backward: 25 of the 57 s that autodiff and its passes took).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ def add_top_level_map(
     inputs: dict[str, dace.Memlet],
     code: str,
     outputs: dict[str, dace.Memlet],
-    input_nodes: dict[str, nodes.AccessNode],
-    output_nodes: dict[str, nodes.AccessNode],
+    input_nodes: dict[str, nodes.AccessNode] | None = None,
+    output_nodes: dict[str, nodes.AccessNode] | None = None,
 ) -> tuple[nodes.Tasklet, nodes.MapEntry, nodes.MapExit]:
     """``state.add_mapped_tasklet(..., external_edges=True)`` for a map at the top level of ``state``, between
-    ``input_nodes`` and ``output_nodes`` (top-level access nodes of every array the memlets name), with the outer
-    memlets DaCe's propagation gives: at the top level every symbol but the map's parameters is defined, which is
-    what ``propagate_subset`` takes without being told (``propagate_memlet`` asks the state)."""
+    ``input_nodes`` and ``output_nodes`` (top-level access nodes; new ones for the arrays they leave out), with the
+    outer memlets DaCe's propagation gives: at the top level every symbol but the map's parameters is defined, which
+    is what ``propagate_subset`` takes without being told (``propagate_memlet`` asks the state)."""
     made = state.add_mapped_tasklet(
         name,
         ranges,
