@@ -28,7 +28,7 @@ from ..errors import check
 from ..fixes import registry
 from ..passes import auto_optimize, cuda_build
 from ..passes.simplify import simplify
-from . import algebra, matching, rows, shared_values, vectorize
+from . import algebra, matching, rows, shared_values, tuners, vectorize
 from .matching import Where
 
 
@@ -75,6 +75,8 @@ class Action:
     #: places(sdfg, where, options) -> each place it applies, as the labels and nodes there: ``where`` set to
     #: one place's labels applies it there (None: it acts on the whole SDFG only)
     places: Callable[[dace.SDFG, Where, dict], list[Bound]] | None = None
+    #: the options a search tries it with when not told which actions to try, one candidate each (``search._entries``)
+    searched: tuple[dict, ...] = ({},)
     #: places it matches in a session's SDFGs now (None: not counted)
     matches: int | None = None
     #: where it matches now, as ``Session.places`` lists it (None: not listed)
@@ -352,6 +354,40 @@ register(
         run=lambda sdfg, where, options, device: rows.apply(sdfg, where, options),
         # a row per CUDA thread, looping over its columns, reads memory a warp cannot coalesce: on an H100 Softmax
         # ran 2.2x and LayerNorm 75x slower than PyTorch eager (a GPU recipe maps a row to a warp or block)
+        devices=("cpu",),
+    )
+)
+
+
+# --- what DaCe's cutout tuners tune: tile sizes, the order of a map's dimensions -------------------------------
+
+register(
+    Action(
+        "map_tiling",
+        "Tile the innermost dimensions of each outermost map (DaCe's MapTiling): a parallel map over tiles around a "
+        "sequential map over one, so that a tile's rows and columns stay in cache; size= sets the tile.",
+        before_autodiff=False,
+        count=tuners.tiling_count,
+        run=lambda sdfg, where, options, device: tuners.tile(sdfg, where, options),
+        places=_each(tuners.tiling_places),
+        why_not=tuners.tiling_reasons,
+        # 16: a row of 16 floats is a 64-byte cache line, 16 x 16 a 1 KiB block; 64: 16 KiB, half of an L1 cache
+        searched=({"size": 16}, {"size": 64}),
+        # on a GPU the outermost map is the kernel's grid, and its tiles are thread blocks (tuners.py)
+        devices=("cpu",),
+    )
+)
+
+register(
+    Action(
+        "map_permutation",
+        "Reorder the dimensions of each outermost map (DaCe's MapDimShuffle): order= as numpy.transpose's axes, for "
+        "maps of that many dimensions; by default the two outermost swapped, in maps of three or more.",
+        before_autodiff=False,
+        count=tuners.permutation_count,
+        run=lambda sdfg, where, options, device: tuners.permute(sdfg, where, options),
+        places=_each(tuners.permutation_places),
+        why_not=tuners.permutation_reasons,
         devices=("cpu",),
     )
 )

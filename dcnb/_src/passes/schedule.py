@@ -136,7 +136,9 @@ def _own_elements(subset, ranges: dict[str, tuple]) -> bool:
 
 def _tiled(inner: tuple, outer: str, step) -> bool:
     """Whether the range ``inner`` moves past all it covers each time parameter ``outer`` moves by ``step``."""
-    begin, end = (dace.symbolic.pystr_to_symbolic(v) for v in inner[:2])
+    # a map tiled unevenly (map_tiling) ends its tiles at a Min, a SymExpr: sympy's expression is inside it
+    exprs = (v.expr if isinstance(v, dace.symbolic.SymExpr) else v for v in inner[:2])
+    begin, end = (dace.symbolic.pystr_to_symbolic(v) for v in exprs)
     symbol = next((s for s in begin.free_symbols if str(s) == outer), None)
     if symbol is None or (end - begin).free_symbols:
         return False
