@@ -502,10 +502,12 @@ def _checked(budget: Any, objective: Any, beam: Any, depth: Any, seed: Any) -> t
 
 
 def _entries(session: Session, given: Sequence[str | dict[str, Any]] | None) -> list[Entry]:
-    """The actions a search tries, as recipe entries: every action offered on the session's device by default; a
-    name, or a recipe entry (``{"name": ..., "options": ...}``) to try an action with options."""
+    """The actions a search tries, as recipe entries: every action offered on the session's device by default, once
+    per options it is searched with (``Action.searched``: map_tiling's tile sizes); a name, or a recipe entry
+    (``{"name": ..., "options": ...}``) to try an action with options."""
     if given is None:
-        return [Entry(a.name) for a in actions.REGISTRY.values() if session.device in a.devices]
+        offered = [a for a in actions.REGISTRY.values() if session.device in a.devices]
+        return [Entry(a.name, dict(options)) for a in offered for options in a.searched]
     if isinstance(given, (str, dict)) or not isinstance(given, Sequence):
         raise DcnbError(f"search's actions must be a list of action names, not {given!r}")
     entries = []
