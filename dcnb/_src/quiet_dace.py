@@ -35,3 +35,5 @@ redundant_array.print = lambda *args, **kwargs: None
 from dcnb._src import dace_internals  # noqa: E402
 
 dace_internals.replace_debug_info()
+# and a state is checked for cycles in one walk, not one per source node (the same answer)
+dace_internals.replace_has_cycles()

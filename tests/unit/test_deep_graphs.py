@@ -4,9 +4,11 @@ the whole Python stack) again each time (issue 36). Each test counts the walks o
 import inspect
 
 import dace
+import networkx
 import pytest
 from dace.sdfg import scope
 
+from dcnb._src import dace_internals
 from dcnb._src.passes import after_autodiff, broadcast_sums, lifetimes
 from dcnb._src.passes.top_level import add_top_level_map
 
@@ -214,3 +216,61 @@ def test_a_transformed_sdfg_carries_no_copy_of_itself(calls):
     reduce.expand(state)
     # (the expansion's own SDFG is nested into this one, not copied)
     assert sdfg.orig_sdfg is None and not sdfg.transformation_hist and not copies
+
+
+def _comb(count: int, cycle: str = "") -> dace.SDFGState:
+    """A chain of ``count`` tasklets, each also reading a weight of its own (``count`` source nodes, as a network's
+    parameters are); ``cycle`` "reached" closes a loop below the chain's start, "apart" one no source reaches."""
+    sdfg = dace.SDFG("comb")
+    state = sdfg.add_state()
+    sdfg.add_array("x", [1], dace.float32)
+    previous = state.add_access("x")
+    chain = []
+    for k in range(count):
+        sdfg.add_array(f"w{k}", [1], dace.float32)
+        sdfg.add_array(f"a{k}", [1], dace.float32)
+        tasklet = state.add_tasklet(f"t{k}", {"x", "w"}, {"y"}, "y = x * w")
+        state.add_edge(previous, None, tasklet, "x", dace.Memlet(f"{previous.data}[0]"))
+        state.add_edge(state.add_access(f"w{k}"), None, tasklet, "w", dace.Memlet(f"w{k}[0]"))
+        previous = state.add_access(f"a{k}")
+        state.add_edge(tasklet, "y", previous, None, dace.Memlet(f"a{k}[0]"))
+        chain.append(previous)
+    if cycle == "reached":
+        state.add_nedge(chain[-1], chain[1], dace.Memlet())
+    if cycle == "apart":
+        sdfg.add_array("p", [1], dace.float32)
+        sdfg.add_array("q", [1], dace.float32)
+        p, q = state.add_access("p"), state.add_access("q")
+        state.add_nedge(p, q, dace.Memlet())
+        state.add_nedge(q, p, dace.Memlet())
+    return state
+
+
+@pytest.mark.parametrize("cycle", ["", "reached", "apart"])
+def test_a_state_is_checked_for_cycles_with_dace_s_answer(cycle):
+    state = _comb(6, cycle)
+    assert state.has_cycles() == dace_internals.has_cycles.dace(state) == (cycle == "reached")
+    # a graph without source nodes: a cycle anywhere counts
+    ring = _comb(0, "apart")
+    ring.remove_node(next(n for n in ring.nodes() if n.data == "x"))
+    assert ring.has_cycles() and dace_internals.has_cycles.dace(ring)
+    assert not dace.SDFG("empty").add_state().has_cycles()
+
+
+def test_a_state_with_many_sources_is_checked_for_cycles_in_one_walk(monkeypatch):
+    # gap: networkx's find_cycle, started from each source node, walked everything below each one again
+    walked = []
+    edge_dfs = networkx.edge_dfs
+
+    def counted(*args, **kwargs):
+        for edge in edge_dfs(*args, **kwargs):
+            walked.append(edge)
+            yield edge
+
+    monkeypatch.setattr(networkx, "edge_dfs", counted)
+    state = _comb(40)
+    follows = []
+    out_edges = state.out_edges
+    monkeypatch.setattr(state, "out_edges", lambda node: follows.append(node) or out_edges(node))
+    assert not state.has_cycles()
+    assert len(walked) + len(follows) <= 2 * state.number_of_nodes()
