@@ -37,3 +37,5 @@ from dcnb._src import dace_internals  # noqa: E402
 dace_internals.replace_debug_info()
 # and a state is checked for cycles in one walk, not one per source node (the same answer)
 dace_internals.replace_has_cycles()
+# and code generation finds a state's sink nodes and a node's index without walking the state each time
+dace_internals.replace_state_queries()
