@@ -160,15 +160,23 @@ def _child(parent: int, outcome, stage, fn: Callable, args: tuple) -> NoReturn:
 
 
 def signal_tree(root: int, number: int) -> None:
-    """Signal ``root`` and every process below it (one that has ended meanwhile is passed over); a stop returns
-    once each has stopped (it takes effect as the process is next scheduled), or after a second."""
-    pids = [root, *_descendants(root)]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, number)
+    """Signal ``root`` and every process below it (one that has ended meanwhile is passed over). A stop returns once
+    each has stopped (it takes effect as the process is next scheduled), or after a second; a process forked just
+    before its parent stopped is found on the next look and stopped too."""
+    signalled: set[int] = set()
     deadline = time.monotonic() + 1
-    while number == signal.SIGSTOP and time.monotonic() < deadline and any(_running(pid) for pid in pids):
-        time.sleep(0.002)
+    while True:
+        pids = [p for p in [root, *_descendants(root)] if p not in signalled]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, number)
+        signalled.update(pids)
+        if number != signal.SIGSTOP or not pids:
+            return
+        while time.monotonic() < deadline and any(_running(pid) for pid in signalled):
+            time.sleep(0.002)
+        if time.monotonic() >= deadline:
+            return
 
 
 def _running(pid: int) -> bool:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dcnb
-from dcnb._src import events, forked, timing
+from dcnb._src import build, events, forked, timing
 from tests.models import Mish
 from tests.zoo import CASES
 
@@ -166,15 +166,22 @@ def test_bad_input_names_its_cause(searched, kwargs, cause):
 
 def test_compiles_here_run_while_a_candidate_is_checked_and_pause_while_it_is_timed(tmp_path, monkeypatch):
     monkeypatch.setenv("DCNB_CACHE", str(tmp_path / "cache"))
-    seen = []  # for each timing: the states of the processes below this one (the search's compiles)
-    timed = timing.Baselines.time
+    runners = []  # where the search's compiles run
+    compiling, timed = build.compiling, timing.Baselines.time
+    seen = []  # for each timing: the states of the search's compiles not ended, and of every process below them
+
+    def recorded_compiling(at_once=None):
+        runners.append(compiling(at_once))
+        return runners[-1]
 
     def recorded(self, candidate):
-        seen.append([_state(p) for p in forked._descendants(os.getpid())])
+        running = [c.pid for r in runners for c in r._children.values() if not c.done()]
+        seen.append([_state(p) for pid in running for p in [pid, *forked._descendants(pid)]])
         return timed(self, candidate)
 
     torch.manual_seed(0)  # a shape of its own: no binary of it is loaded in this process
     session = dcnb.optimize(Mish(), torch.rand(2, 9, 4, 16), baselines=("torch",), time_budget=0.05)
+    monkeypatch.setattr(build, "compiling", recorded_compiling)
     monkeypatch.setattr(timing.Baselines, "time", recorded)
     result = session.search(300, **SEARCH)
     assert result.builds > 0 and all(c.ok for c in result.candidates)
