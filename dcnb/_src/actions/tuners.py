@@ -111,11 +111,11 @@ def _tilable(sdfg: dace.SDFG, where: Where, options: dict) -> list[tuple[nodes.M
 
 
 def tiling_places(sdfg: dace.SDFG, where: Where, options: dict) -> list[nodes.MapEntry]:
-    return [entry for entry, _, _ in _tilable(sdfg, where, options)]
+    return _entries(_tilable(sdfg, where, options))
 
 
 def tiling_count(sdfg: dace.SDFG, where: Where, options: dict) -> int:
-    return len(_tilable(sdfg, where, options))
+    return len(tiling_places(sdfg, where, options))
 
 
 def tile(sdfg: dace.SDFG, where: Where, options: dict) -> int:
@@ -189,11 +189,16 @@ def _permutable(sdfg: dace.SDFG, where: Where, options: dict) -> list[tuple[node
 
 
 def permutation_places(sdfg: dace.SDFG, where: Where, options: dict) -> list[nodes.MapEntry]:
-    return [entry for entry, _, _ in _permutable(sdfg, where, options)]
+    return _entries(_permutable(sdfg, where, options))
 
 
 def permutation_count(sdfg: dace.SDFG, where: Where, options: dict) -> int:
-    return len(_permutable(sdfg, where, options))
+    return len(permutation_places(sdfg, where, options))
+
+
+def _entries(found: list[tuple[nodes.MapEntry, dace.SDFGState, tuple]]) -> list[nodes.MapEntry]:
+    """The map entries of what ``_tilable`` or ``_permutable`` found."""
+    return [entry for entry, _, _ in found]
 
 
 def permute(sdfg: dace.SDFG, where: Where, options: dict) -> int:
