@@ -6,6 +6,12 @@ candidate's own interleaved timing), and each search's seconds and compiles. A c
 
     DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --case prenorm_residual --budget 300 --json
 
+``--model NAME`` searches a model of benchmarks/models.py (tests/hf_models.py, at ``--batch``) instead of a zoo case,
+and replays its kept recipe (benchmarks/recipes/NAME.json) beside the search's best; ``--save-recipe`` keeps the
+best there where it is faster than the kept one in this run, with the command in benchmarks/recipes/README.md.
+
+    DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --model bert_mini_layer --budget 600 --save-recipe --json
+
 With ``--workers N`` the candidates compile on a local Dask cluster of N single-threaded workers, with ``--cluster
 ADDRESS`` on the cluster whose scheduler is there (``pip install dcnb[cluster]``); every candidate is timed here.
 """
@@ -13,6 +19,7 @@ ADDRESS`` on the cluster whose scheduler is there (``pip install dcnb[cluster]``
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import sys
@@ -25,6 +32,9 @@ from common import print_result
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="mish", help="mish (8x32x64x64), or a case of tests/zoo.py at its bench size")
+    parser.add_argument("--model", help="a model of benchmarks/models.py instead of --case")
+    parser.add_argument("--batch", type=int, default=4, help="with --model: its inputs repeated this many times")
+    parser.add_argument("--save-recipe", action="store_true", help="with --model: keep the best if it beats the kept")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
     parser.add_argument("--objective", default="time")
     parser.add_argument("--beam", type=int, default=3)
@@ -45,10 +55,15 @@ def main() -> None:
     from tests.zoo import CASES
 
     def made():
+        if args.model:
+            from models import _build
+
+            module, inputs, kwargs = _build(args.model, args.batch)
+            return module, inputs, kwargs
         if args.case == "mish":
             torch.manual_seed(0)
-            return Mish(), (torch.rand(8, 32, 64, 64),)
-        return CASES[args.case].build(bench=True)
+            return Mish(), (torch.rand(8, 32, 64, 64),), {}
+        return (*CASES[args.case].build(bench=True), {})
 
     cluster = args.cluster
     if args.workers:
@@ -57,8 +72,8 @@ def main() -> None:
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0").scheduler_address
     runs = []
     for _ in range(2):
-        module, inputs = made()
-        session = dcnb.optimize(module, *inputs)
+        module, inputs, kwargs = made()
+        session = dcnb.optimize(module, *inputs, kwargs=kwargs)
         started = time.perf_counter()
         result = session.search(
             args.budget, objective=args.objective, beam=args.beam, depth=args.depth, seed=args.seed, cluster=cluster
@@ -72,10 +87,21 @@ def main() -> None:
     def speedup(candidate) -> float | None:
         return None if candidate is None or candidate.ratio is None else round(1 / candidate.ratio, 3)
 
+    kept = kept_vs_eager = None
+    if args.model:
+        kept = pathlib.Path(__file__).parent / "recipes" / f"{args.model}.json"
+        if kept.exists():
+            module, inputs, kwargs = made()
+            replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=json.loads(kept.read_text())).current
+            kept_vs_eager = None if replayed.speedup() is None else round(replayed.speedup(), 3)
+    best_vs_eager = None if session.current.speedup() is None else round(session.current.speedup(), 3)
+    if args.save_recipe and kept is not None and best_vs_eager and (kept_vs_eager is None or best_vs_eager > kept_vs_eager):
+        _keep(kept, first.recipe, " ".join(sys.argv), best_vs_eager, kept_vs_eager)
+
     print_result(
         {
             "bench": "search",
-            "case": args.case,
+            "case": args.model or args.case,
             "shapes": [list(t.shape) for t in made()[1]],
             "budget_s": args.budget,
             "objective": args.objective,
@@ -88,7 +114,10 @@ def main() -> None:
             "best_vs_eager": speedup(first.best),
             "start_vs_eager": speedup(first.start),
             "auto_optimize_vs_eager": speedup(auto[0] if auto else None),
-            "replayed_vs_eager": None if session.current.speedup() is None else round(session.current.speedup(), 3),
+            "replayed_vs_eager": best_vs_eager,
+            "kept_recipe_vs_eager": kept_vs_eager,
+            "replayed_vs_torch_compile": None if session.current.speedup("torch_compile") is None
+            else round(session.current.speedup("torch_compile"), 3),
             "compiled_on": first.where,
             "first_search_s": round(first.seconds, 1),
             "first_s_per_candidate": round(first.seconds / max(1, len(first.candidates) - 1), 2),
@@ -101,6 +130,18 @@ def main() -> None:
         },
         args.json,
     )
+
+
+def _keep(path: pathlib.Path, recipe: list, command: str, best: float, kept: float | None) -> None:
+    """The search's best as the model's kept recipe, and how it was found in the recipes' README."""
+    path.write_text(json.dumps(recipe, indent=1) + "\n")
+    readme = path.parent / "README.md"
+    before = kept if kept is None else f"{kept:.2f}x"
+    line = (
+        f"- `{path.name}`: found by `{command}` on {time.strftime('%Y-%m-%d')}: {best:.2f}x eager's time in its "
+        f"replay against the kept recipe's {before} (load {os.getloadavg()[0]:.1f})\n"
+    )
+    readme.write_text((readme.read_text() if readme.exists() else "") + line)
 
 
 if __name__ == "__main__":
