@@ -7,6 +7,8 @@ transformation, compile, check and timing together).
     .venv/bin/python benchmarks/models.py --markdown              # benchmarks/NOTES.md's models table
     .venv/bin/python benchmarks/models.py --only bert_layer gpt2_block --batch 8
     python3 benchmarks/models.py --json --device cuda --warm 8     # on a GPU (make gpu): builds first, 8 at a time
+    .venv/bin/python benchmarks/models.py --size full --list      # the full sizes: ResNet-50 at 8x3x224x224, ...
+    DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/models.py --size full --only resnet --batch 2 --timeout 1200 --json
 
 ``--batch K`` repeats every input K times along its batch dimension (the models' configs are tiny; a larger batch
 gives 2 cores enough work for the ratios to mean something). Each model runs in a process of its own, so that a
@@ -15,13 +17,27 @@ exists and every step of it is offered on the device, else the fastest of the na
 offered there; ``--save-recipes`` writes that one out. ``--warm N`` first makes every model's steps in N processes at
 once, untimed, so that the timed run that follows (one model at a time) finds its builds in the cache;
 ``--build-only`` stops after that.
+
+``--size full`` runs the same architectures at the sizes people train them at (tests/hf_models.py's FULL: ResNet-50,
+EfficientNet-B0, MobileNetV2, ConvNeXt-T and ViT-B/16 on 8x3x224x224, a BERT-base layer and a GPT-2 small block on
+8x128x768, BERT-base's 12-layer encoder on 8x128 token ids). There ``--batch`` is the batch itself (default: the
+entry's 8), ``--layers`` scales a transformer stack's depth down, and every row says what ran (``size``: the
+architecture, its depth where scaled down, the input's shape; ``shapes``: every input's). A kept recipe
+(benchmarks/recipes/<model>.json, found at the test sizes) is applied in the same session, after the naive step and
+the steps of ``--searched``, instead of replayed from scratch (a naive step at full size takes minutes); one that is
+one of those steps is not run twice. ``--timeout`` ends a model's process (and its compiles) after that many
+seconds; its row keeps the steps that finished and says which did not. Each row has the date and the load average
+at its start and end.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +62,8 @@ def _batched(value: Any, batch: int, rows: int) -> Any:
 
 
 def _step_row(prefix: str, step, seconds: float) -> dict[str, Any]:
+    from dcnb._src.timing import NOISE_NOTE
+
     row: dict[str, Any] = {f"{prefix}_ok": step.ok, f"{prefix}_step_s": round(seconds, 1)}
     if not step.ok:
         row[f"{prefix}_error"] = (step.error or "").splitlines()[0][:200]
@@ -57,7 +75,13 @@ def _step_row(prefix: str, step, seconds: float) -> dict[str, Any]:
     for baseline in BASELINES:
         if baseline in step.timings:
             row[f"{prefix}_vs_{baseline}"] = round(dcnb_ms / step.timings[baseline].median, 3)
+    if any(note.startswith(NOISE_NOTE) for note in step.notes):
+        row[f"{prefix}_noise"] = True
     return row
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
 def bert_mini_layer() -> tuple:
@@ -78,10 +102,21 @@ def bert_mini_layer() -> tuple:
 SIZED = {"bert_mini_layer": bert_mini_layer}
 
 
-def _build(name: str, batch: int) -> tuple:
+def _shapes(inputs: tuple, kwargs: dict[str, Any]) -> str:
+    """Every tensor input's shape: ``8x3x224x224`` or ``8x128, attention_mask 8x128``."""
     import torch
-    from tests.hf_models import BY_NAME
 
+    shown = ["x".join(map(str, x.shape)) for x in inputs if isinstance(x, torch.Tensor)]
+    shown += [f"{k} {'x'.join(map(str, v.shape))}" for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    return ", ".join(shown)
+
+
+def _build(name: str, batch: int | None, size: str = "test", layers: int | None = None) -> tuple:
+    import torch
+    from tests.hf_models import BY_NAME, FULL_BY_NAME
+
+    if size == "full":
+        return FULL_BY_NAME[name].build(batch=batch, layers=layers)
     if name in SIZED:
         torch.manual_seed(0)
         return SIZED[name]()
@@ -99,32 +134,56 @@ def _offered(recipe: list[dict[str, Any]], device: str) -> bool:
 
 
 def measure(
-    name: str, batch: int, budget: float, save: bool, device: str = "cpu", warm: bool = False,
-    baselines: tuple[str, ...] = BASELINES,
+    name: str, batch: int | None, budget: float, save: bool, device: str = "cpu", warm: bool = False,
+    baselines: tuple[str, ...] = BASELINES, size: str = "test", layers: int | None = None,
+    searched: tuple[tuple[str, ...], ...] = SEARCHED, training: bool = False, report=None,
 ) -> dict[str, Any]:
     """One row: the naive step, auto_optimize from it and the best recipe, each timed against the baselines (none
-    where ``warm``: the steps are only made, for the cache)."""
+    where ``warm``: the steps are only made, for the cache). ``size`` "full": tests/hf_models.py's FULL entry at
+    ``batch`` (its own where None) and ``layers``. ``report`` is given the row as it is after each step."""
     import dcnb
 
-    module, inputs, kwargs = _build(name, batch)
-    options = {"kwargs": kwargs, "baselines": () if warm else baselines, "time_budget": budget, "device": device}
+    report = report or (lambda row: None)
+    module, inputs, kwargs = _build(name, batch, size, layers)
+    options = {
+        "kwargs": kwargs, "baselines": () if warm else baselines, "time_budget": budget, "device": device,
+        "training": training,
+    }
     row: dict[str, Any] = {"model": name, "batch": inputs[0].shape[0], "device": device}
+    if size == "full":
+        from tests.hf_models import FULL_BY_NAME
+
+        row |= {"size": FULL_BY_NAME[name].size(inputs[0].shape[0], layers)}
+    row |= {
+        "shapes": _shapes(inputs, kwargs), "training": training,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "load_start": _load(),
+    }
+    report(row)
 
     start = time.perf_counter()
     try:
         session = dcnb.optimize(module, *inputs, **options)
     except dcnb.DcnbError as e:
-        return row | {"naive_ok": False, "naive_error": str(e).splitlines()[0][:200]}
+        return row | {"naive_ok": False, "naive_error": str(e).splitlines()[0][:200], "load_end": _load()}
     naive = session.current
     row |= _step_row("naive", naive, time.perf_counter() - start)
     for baseline in BASELINES:
         if baseline in naive.timings:
             row[f"{baseline}_ms"] = round(naive.timings[baseline].median, 3)
+    report(row)
 
     if not naive.ok:
-        return row
+        return row | {"load_end": _load()}
+    row = _steps(name, row, session, naive, module, inputs, options, size, searched, save, warm, device, report)
+    return row | {"load_end": _load()}
+
+
+def _steps(name, row, session, naive, module, inputs, options, size, searched, save, warm, device, report):
+    """The steps after the naive one: ``searched``'s, then the kept recipe's (or the fastest tried), into ``row``."""
+    import dcnb
+
     tried = [(naive, [], "naive")]
-    for recipe in SEARCHED:
+    for recipe in searched:
         if not _offered([{"name": n} for n in recipe], device):
             continue
         session.reset()
@@ -137,9 +196,27 @@ def measure(
         row |= _step_row(label, step, time.perf_counter() - start)
         if step.ok:
             tried.append((step, session.recipe, label))
+        report(row)
 
     kept = RECIPES / f"{name}.json"
     recipe = json.loads(kept.read_text()) if kept.exists() else None
+    if size == "full" and recipe is not None and _offered(recipe, device):
+        row["best_recipe"] = str(kept.relative_to(ROOT))
+        same = [label for _, steps, label in tried if steps == recipe]
+        if same:  # the kept recipe is a step already made: its figures
+            row["best_recipe"] += f" (= {same[0]})"
+            for key in ("ok", "step_s", "ms", "vs_torch", "vs_torch_compile", "noise"):
+                if f"{same[0]}_{key}" in row:
+                    row[f"best_{key}"] = row[f"{same[0]}_{key}"]
+            return row
+        # applied in this session: the naive step is not made again
+        session.reset()
+        start = time.perf_counter()
+        for entry in recipe:
+            step = session.apply(entry["name"], where=entry.get("where"), **entry.get("options", {}))
+            if not step.ok:
+                break
+        return row | _step_row("best", step, time.perf_counter() - start)
     if recipe is not None and _offered(recipe, device):
         start = time.perf_counter()
         try:
@@ -153,7 +230,7 @@ def measure(
     # no recipe kept (or none offered on the device): the fastest step tried (each against its own run's eager time)
     best, recipe, label = min(tried, key=lambda c: c[0].timings["dcnb"].median / c[0].timings["torch"].median)
     row["best_recipe"] = label
-    for key in ("ms", "vs_torch", "vs_torch_compile"):
+    for key in ("ms", "vs_torch", "vs_torch_compile", "noise"):
         if f"{label}_{key}" in row:
             row[f"best_{key}"] = row[f"{label}_{key}"]
     if save:
@@ -162,33 +239,68 @@ def measure(
     return row
 
 
+def _searched(args: argparse.Namespace) -> tuple[tuple[str, ...], ...]:
+    return tuple(recipe for recipe in SEARCHED if "+".join(recipe) in args.searched)
+
+
 def _child(args: argparse.Namespace) -> None:
     warnings.simplefilter("ignore")
     row = measure(
-        args.child, args.batch, args.budget, args.save_recipes, args.device, bool(args.warm), tuple(args.baselines)
+        args.child, args.batch, args.budget, args.save_recipes, args.device, bool(args.warm), tuple(args.baselines),
+        args.size, args.layers, _searched(args), args.training,
+        report=lambda row: print("PARTIAL " + json.dumps(row), flush=True),
     )
     print("MODEL " + json.dumps(row), flush=True)
 
 
 def _command(name: str, args: argparse.Namespace, warm: bool) -> list[str]:
-    command = [sys.executable, __file__, "--child", name, "--batch", str(args.batch), "--device", args.device]
-    command += ["--baselines", *args.baselines]
+    command = [sys.executable, __file__, "--child", name, "--device", args.device, "--size", args.size]
+    if args.batch is not None:
+        command += ["--batch", str(args.batch)]
+    if args.layers is not None:
+        command += ["--layers", str(args.layers)]
+    command += ["--baselines", *args.baselines, "--searched", *args.searched]
     command += ["--budget", "0", "--warm", "1"] if warm else ["--budget", str(args.budget)]
     if args.save_recipes and not warm:
         command.append("--save-recipes")
+    if args.training:
+        command.append("--training")
     return command
 
 
-def _row(name: str, done: subprocess.CompletedProcess) -> dict[str, Any]:
+def _row(name: str, done: subprocess.CompletedProcess, timeout: float | None = None) -> dict[str, Any]:
     found = [json.loads(line[6:]) for line in done.stdout.splitlines() if line.startswith("MODEL ")]
     if found:
         return found[0]
+    partial = [json.loads(line[8:]) for line in done.stdout.splitlines() if line.startswith("PARTIAL ")]
+    row = partial[-1] if partial else {"model": name}
+    if done.returncode == "timeout":
+        return row | {"unfinished": f"stopped after {timeout:.0f} s", "load_end": _load()}
     last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-    return {"model": name, "crashed": last[:200]}
+    return row | {"crashed": last[:200]}
+
+
+def _spawn(command: list[str], timeout: float | None) -> subprocess.CompletedProcess:
+    """``command`` run to its end, or until ``timeout`` seconds, when its process group (its compiles too) is
+    ended; a stopped run's return code is "timeout"."""
+    child = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+    )
+    try:
+        out, err = child.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(command, child.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGTERM)
+        try:
+            out, err = child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            out, err = child.communicate()
+        return subprocess.CompletedProcess(command, "timeout", out, err)
 
 
 def _run(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    return _row(name, subprocess.run(_command(name, args, warm=False), capture_output=True, text=True, cwd=ROOT))
+    return _row(name, _spawn(_command(name, args, warm=False), args.timeout), args.timeout)
 
 
 def _warm(names: list[str], args: argparse.Namespace) -> None:
@@ -230,12 +342,67 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _markdown_full(rows: list[dict[str, Any]]) -> str:
+    """The full sizes' table: what ran (architecture, depth, shapes), the ratios of each step to eager and
+    torch.compile from its own interleaved run (``(noise)`` where the step's timing says so), each step's seconds,
+    the load at the start and end of the model's run and its date."""
+
+    def ratios(r: dict[str, Any], prefix: str) -> str:
+        if f"{prefix}_vs_torch" not in r:
+            if r.get(f"{prefix}_ok") is False:
+                return f"failed: {r.get(f'{prefix}_error', '')[:80]}"
+            return "not run" if f"{prefix}_ok" not in r else "n/a"
+        noise = " (noise)" if r.get(f"{prefix}_noise") else ""
+        return f"{_ratio(r, f'{prefix}_vs_torch')} / {_ratio(r, f'{prefix}_vs_torch_compile')}{noise}"
+
+    lines = [
+        (
+            "| model | size | eager ms | torch.compile ms | naive | auto_optimize | fuse_rows | best | best recipe "
+            "| step s: naive / auto_optimize / fuse_rows / best | load start, end | date |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        seconds = " / ".join(str(r.get(f"{p}_step_s", "-")) for p in ("naive", "auto_optimize", "fuse_rows", "best"))
+        unfinished = r.get("unfinished") or (f"crashed: {r['crashed']}" if "crashed" in r else "")
+        lines.append(
+            f"| {r['model']} | {r.get('size', r.get('shapes', ''))} | {r.get('torch_ms', 'n/a')} "
+            f"| {r.get('torch_compile_ms', 'n/a')} | {ratios(r, 'naive')} | {ratios(r, 'auto_optimize')} "
+            f"| {ratios(r, 'fuse_rows')} | {ratios(r, 'best')} | {r.get('best_recipe', '')} "
+            f"| {seconds}{'; ' + unfinished if unfinished else ''} | {r.get('load_start', '')}, {r.get('load_end', '')} "
+            f"| {r.get('date', '')} |"
+        )
+    return "\n".join(lines)
+
+
+def listing(size: str = "test") -> list[dict[str, Any]]:
+    """The models ``--size`` runs, in order: name, and at full size the architecture, batch, depth and input shape."""
+    from tests.hf_models import FULL, MODELS
+
+    if size == "full":
+        return [
+            {"model": m.name, "size": m.size(), "batch": m.batch, "shape": list(m.shape()), "layers": m.layers}
+            for m in FULL
+        ]
+    return [{"model": m.name} for m in MODELS] + [{"model": name} for name in SIZED]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="one JSON line per model")
     parser.add_argument("--markdown", action="store_true", help="benchmarks/NOTES.md's models table")
     parser.add_argument("--only", nargs="+", help="models to run (names from tests/hf_models.py)")
-    parser.add_argument("--batch", type=int, default=4, help="times each input is repeated along its batch dimension")
+    parser.add_argument("--size", choices=("test", "full"), default="test", help="the test sizes or the full ones")
+    parser.add_argument(
+        "--batch", type=int, help="test size: times each input is repeated along its batch dimension (default 4); "
+        "full size: the batch (default: the model's, 8)",
+    )
+    parser.add_argument("--layers", type=int, help="full size: a transformer stack's depth (default: the model's)")
+    parser.add_argument("--searched", nargs="*", default=["+".join(r) for r in SEARCHED],
+                        choices=["+".join(r) for r in SEARCHED], help="the steps tried from the naive one")
+    parser.add_argument("--training", action="store_true", help="the steps in training mode (default: eval)")
+    parser.add_argument("--timeout", type=float, help="seconds after which a model's run is stopped")
+    parser.add_argument("--list", action="store_true", help="list the models of --size, one JSON line each")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of interleaved timing per step")
     parser.add_argument("--save-recipes", action="store_true", help="keep each model's best step as its recipe file")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -244,16 +411,22 @@ def main() -> None:
     parser.add_argument("--build-only", action="store_true", help="with --warm: only make the steps, time nothing")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.size == "test" and args.batch is None:
+        args.batch = 4
+    if args.layers is not None and args.size != "full":
+        parser.error("--layers is for --size full")
     if args.child:
         _child(args)
         return
+    if args.list:
+        for entry in listing(args.size):
+            print(json.dumps(entry))
+        return
 
-    from tests.hf_models import MODELS
-
-    names = [m.name for m in MODELS] + list(SIZED)
+    names = [entry["model"] for entry in listing(args.size)]
     unknown = set(args.only or ()) - set(names)
     if unknown:
-        parser.error(f"no such model: {', '.join(sorted(unknown))} (tests/hf_models.py and SIZED have {names})")
+        parser.error(f"no such model at --size {args.size}: {', '.join(sorted(unknown))} (there are {names})")
     names = [name for name in names if not args.only or name in args.only]
     if args.warm:
         _warm(names, args)
@@ -265,7 +438,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row) if args.json else f"{name}: {json.dumps(row)}", file=sys.stdout if args.json else sys.stderr, flush=True)
     if args.markdown or not args.json:
-        print(_markdown(rows))
+        print(_markdown_full(rows) if args.size == "full" else _markdown(rows))
 
 
 if __name__ == "__main__":

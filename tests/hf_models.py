@@ -307,3 +307,173 @@ MODELS: list[Model] = [
 ]
 
 BY_NAME = {model.name: model for model in MODELS}
+
+
+# --- the same architectures at the sizes people train them at (issue 36) -------------------------------------------
+#
+# benchmarks/models.py --size full runs these: the configs of the published models (ResNet-50, EfficientNet-B0,
+# MobileNetV2 1.0/224, ConvNeXt-T, ViT-B/16, BERT-base, GPT-2 small) with random weights, at the batch sizes the
+# issue asks for. transformers has no MobileNetV3 (5.23): MobileNetV2 stands in. Dropout and stochastic depth are 0,
+# as above; each entry bears its test-size namesake's name (``resnet`` is ResNet-50 here). The batch can be scaled
+# down, and the transformer stacks' depth (``layers``), where 2 cores would not finish a run.
+
+#: the classifiers' classes (ImageNet's), and BERT-base's and GPT-2 small's widths
+CLASSES, BASE_HIDDEN, BASE_HEADS, BASE_FF = 1000, 768, 12, 3072
+
+
+@dataclasses.dataclass(frozen=True)
+class FullModel:
+    """A full-size entry: ``builder(batch, layers)`` builds the module at ``batch`` (and, for a stack of layers, with
+    ``layers`` of them) with its example inputs; ``example`` is one example's input shape."""
+
+    name: str
+    architecture: str
+    builder: Callable[[int, int | None], Built]
+    #: the batch the issue asks for
+    batch: int
+    #: one example's input shape (an image's channels and pixels, a sequence's tokens and features)
+    example: tuple[int, ...]
+    #: the stack's depth at full size, where it can be scaled (transformer layers); None: fixed
+    layers: int | None = None
+
+    def shape(self, batch: int | None = None) -> tuple[int, ...]:
+        """The first input's shape at ``batch`` (the issue's batch by default)."""
+        return (self.batch if batch is None else batch, *self.example)
+
+    def size(self, batch: int | None = None, layers: int | None = None) -> str:
+        """What a run at ``batch`` and ``layers`` is, in words: ``ResNet-50, 8x3x224x224``, with the depth where it
+        was scaled down (``BERT-base encoder, 4 of 12 layers, 8x128``)."""
+        depth = f", {layers} of {self.layers} layers" if layers is not None and layers != self.layers else ""
+        return f"{self.architecture}{depth}, {'x'.join(map(str, self.shape(batch)))}"
+
+    def build(self, seed: int = 0, batch: int | None = None, layers: int | None = None) -> Built:
+        """A fresh module with random (seeded) weights and statistics at ``batch`` (default: the issue's) and
+        ``layers`` (default: the full depth; refused where the depth is fixed)."""
+        if layers is not None and self.layers is None:
+            raise ValueError(f"{self.architecture}'s depth is fixed: no layers={layers}")
+        torch.manual_seed(seed)
+        module, inputs, kwargs = self.builder(self.batch if batch is None else batch, layers or self.layers)
+        _randomize_statistics(module)
+        return module, inputs, kwargs
+
+
+def resnet50(batch: int, layers: int | None = None) -> Built:
+    """ResNet-50: bottleneck blocks 3-4-6-3, widths 256-2048, 1000 classes (25.6 M parameters)."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(
+        embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3], layer_type="bottleneck",
+        num_labels=CLASSES,
+    )
+    return ResNetForImageClassification(config), _images((batch, 3, 224, 224)), {}
+
+
+def efficientnet_b0(batch: int, layers: int | None = None) -> Built:
+    """EfficientNet-B0: width and depth coefficients 1.0, 224x224, head 1280 (5.3 M parameters)."""
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    config = EfficientNetConfig(
+        image_size=224, width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280, dropout_rate=0.0,
+        drop_connect_rate=0.0, num_labels=CLASSES,
+    )
+    return EfficientNetForImageClassification(config), _images((batch, 3, 224, 224)), {}
+
+
+def mobilenet_v2_full(batch: int, layers: int | None = None) -> Built:
+    """MobileNetV2 1.0/224: all 16 inverted residuals (3.5 M parameters)."""
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    config = MobileNetV2Config(image_size=224, depth_multiplier=1.0, classifier_dropout_prob=0.0, num_labels=CLASSES)
+    return MobileNetV2ForImageClassification(config), _images((batch, 3, 224, 224)), {}
+
+
+def convnext_tiny(batch: int, layers: int | None = None) -> Built:
+    """ConvNeXt-T: depths 3-3-9-3, widths 96-768, layer scale at its initial 1e-6 (28.6 M parameters)."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    config = ConvNextConfig(
+        depths=[3, 3, 9, 3], hidden_sizes=[96, 192, 384, 768], image_size=224, drop_path_rate=0.0, num_labels=CLASSES
+    )
+    return ConvNextForImageClassification(config), _images((batch, 3, 224, 224)), {}
+
+
+def vit_base(batch: int, layers: int | None = 12) -> Built:
+    """ViT-B/16: 224x224 in 16x16 patches (196 and the class token), 12 layers of 768, 12 heads (86.6 M parameters)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        image_size=224, patch_size=16, hidden_size=BASE_HIDDEN, num_hidden_layers=layers,
+        num_attention_heads=BASE_HEADS, intermediate_size=BASE_FF, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, num_labels=CLASSES, attn_implementation=EAGER,
+    )
+    return ViTForImageClassification(config), _images((batch, 3, 224, 224)), {}
+
+
+def _bert_base_config(layers: int = 12):
+    from transformers import BertConfig
+
+    return BertConfig(
+        hidden_size=BASE_HIDDEN, num_hidden_layers=layers, num_attention_heads=BASE_HEADS, intermediate_size=BASE_FF,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation=EAGER,
+    )
+
+
+def _padding_mask_of(batch: int, tokens: int) -> torch.Tensor:
+    mask = torch.ones(batch, tokens, dtype=torch.long)
+    mask[-1, -tokens // 4:] = 0  # the last sequence is padded by a quarter
+    return mask
+
+
+def bert_base_layer(batch: int, layers: int | None = None) -> Built:
+    """One BERT-base encoder layer (768, 12 heads, feed-forward 3072) on 128-token sequences, with a padding mask."""
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    mask = _extended_mask(_padding_mask_of(batch, 128))
+    return BertLayer(_bert_base_config()), (torch.randn(batch, 128, BASE_HIDDEN),), {"attention_mask": mask}
+
+
+class BertBase(nn.Module):
+    """BERT-base from token ids (BertEncoder2 at full size): embeddings (a vocabulary of 30522), ``layers`` encoder
+    layers, the pooler; BertModel's ModelOutput."""
+
+    def __init__(self, layers: int = 12):
+        super().__init__()
+        from transformers import BertModel
+
+        self.bert = BertModel(_bert_base_config(layers), add_pooling_layer=True)
+
+    def forward(self, input_ids, attention_mask):
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def bert_base_encoder(batch: int, layers: int | None = 12) -> Built:
+    """BERT-base's encoder from token ids, 12 layers (110 M parameters), 128-token sequences, a padding mask."""
+    ids = torch.randint(1, 30522, (batch, 128))
+    return BertBase(layers), (ids,), {"attention_mask": _padding_mask_of(batch, 128)}
+
+
+def gpt2_small_block(batch: int, layers: int | None = None) -> Built:
+    """One GPT-2 small block (768, 12 heads, MLP 3072, causal) on 128-token sequences."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    config = GPT2Config(
+        n_embd=BASE_HIDDEN, n_layer=12, n_head=BASE_HEADS, n_inner=BASE_FF, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, attn_implementation=EAGER,
+    )
+    return GPT2Block(config, layer_idx=0), (torch.randn(batch, 128, BASE_HIDDEN),), {}
+
+
+#: the full sizes, cheapest first (the order benchmarks/models.py --size full runs them in)
+FULL: list[FullModel] = [
+    FullModel("gpt2_block", "GPT-2 small block", gpt2_small_block, 8, (128, BASE_HIDDEN)),
+    FullModel("bert_layer", "BERT-base layer", bert_base_layer, 8, (128, BASE_HIDDEN)),
+    FullModel("resnet", "ResNet-50", resnet50, 8, (3, 224, 224)),
+    FullModel("mobilenet_v2", "MobileNetV2 1.0/224", mobilenet_v2_full, 8, (3, 224, 224)),
+    FullModel("efficientnet", "EfficientNet-B0", efficientnet_b0, 8, (3, 224, 224)),
+    FullModel("convnext", "ConvNeXt-T", convnext_tiny, 8, (3, 224, 224)),
+    FullModel("vit", "ViT-B/16", vit_base, 8, (3, 224, 224), layers=12),
+    FullModel("bert_encoder", "BERT-base encoder", bert_base_encoder, 8, (128,), layers=12),
+]
+
+FULL_BY_NAME = {model.name: model for model in FULL}
