@@ -155,7 +155,7 @@ def measure(
 
         row |= {"size": FULL_BY_NAME[name].size(inputs[0].shape[0], layers)}
     row |= {
-        "shapes": _shapes(inputs, kwargs), "training": training,
+        "shapes": _shapes(inputs, kwargs), "training": training, "searched": ["+".join(r) for r in searched],
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "load_start": _load(),
     }
     report(row)
@@ -164,7 +164,8 @@ def measure(
     try:
         session = dcnb.optimize(module, *inputs, **options)
     except dcnb.DcnbError as e:
-        return row | {"naive_ok": False, "naive_error": str(e).splitlines()[0][:200], "load_end": _load()}
+        failed = {"naive_ok": False, "naive_error": str(e).splitlines()[0][:200]}
+        return row | failed | {"naive_step_s": round(time.perf_counter() - start, 1), "load_end": _load()}
     naive = session.current
     row |= _step_row("naive", naive, time.perf_counter() - start)
     for baseline in BASELINES:
@@ -343,15 +344,21 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def _markdown_full(rows: list[dict[str, Any]]) -> str:
-    """The full sizes' table: what ran (architecture, depth, shapes), the ratios of each step to eager and
-    torch.compile from its own interleaved run (``(noise)`` where the step's timing says so), each step's seconds,
-    the load at the start and end of the model's run and its date."""
+    """The full sizes' table: what ran (architecture, depth, shapes, training mode where it was), the ratios of each
+    step to eager and torch.compile from its own interleaved run (``(noise)`` where the step's timing says so), each
+    step's seconds (what did not finish and why), the load at the start and end of the model's run and its date."""
 
     def ratios(r: dict[str, Any], prefix: str) -> str:
         if f"{prefix}_vs_torch" not in r:
             if r.get(f"{prefix}_ok") is False:
                 return f"failed: {r.get(f'{prefix}_error', '')[:80]}"
-            return "not run" if f"{prefix}_ok" not in r else "n/a"
+            if f"{prefix}_ok" in r:
+                return "n/a"
+            # a step this run was to make, where the run was stopped or the naive step failed first
+            planned = prefix == "best" or prefix in r.get("searched", ("auto_optimize", "fuse_rows"))
+            if planned and "unfinished" in r and r.get("naive_ok"):
+                return "did not finish"
+            return "not run"
         noise = " (noise)" if r.get(f"{prefix}_noise") else ""
         return f"{_ratio(r, f'{prefix}_vs_torch')} / {_ratio(r, f'{prefix}_vs_torch_compile')}{noise}"
 
@@ -366,13 +373,17 @@ def _markdown_full(rows: list[dict[str, Any]]) -> str:
         seconds = " / ".join(str(r.get(f"{p}_step_s", "-")) for p in ("naive", "auto_optimize", "fuse_rows", "best"))
         unfinished = r.get("unfinished") or (f"crashed: {r['crashed']}" if "crashed" in r else "")
         lines.append(
-            f"| {r['model']} | {r.get('size', r.get('shapes', ''))} | {r.get('torch_ms', 'n/a')} "
-            f"| {r.get('torch_compile_ms', 'n/a')} | {ratios(r, 'naive')} | {ratios(r, 'auto_optimize')} "
-            f"| {ratios(r, 'fuse_rows')} | {ratios(r, 'best')} | {r.get('best_recipe', '')} "
-            f"| {seconds}{'; ' + unfinished if unfinished else ''} | {r.get('load_start', '')}, {r.get('load_end', '')} "
-            f"| {r.get('date', '')} |"
+            f"| {r['model']} | {r.get('size', r.get('shapes', ''))}{', training' if r.get('training') else ''} "
+            f"| {_ms(r.get('torch_ms'))} | {_ms(r.get('torch_compile_ms'))} | {ratios(r, 'naive')} "
+            f"| {ratios(r, 'auto_optimize')} | {ratios(r, 'fuse_rows')} | {ratios(r, 'best')} "
+            f"| {r.get('best_recipe', '')} | {seconds}{'; ' + unfinished if unfinished else ''} "
+            f"| {r.get('load_start', '')}, {r.get('load_end', '')} | {r.get('date', '')} |"
         )
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def listing(size: str = "test") -> list[dict[str, Any]]:
