@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import dace
 from dace.sdfg import nodes
@@ -101,13 +101,12 @@ def _tile_sizes(extents: list[int], size: int, dims: int) -> tuple[int, ...] | N
 
 def _tilable(sdfg: dace.SDFG, where: Where, options: dict) -> list[tuple[nodes.MapEntry, dace.SDFGState, tuple]]:
     size, dims = _tiling_options(options)
-    found = []
-    for entry, state in _outermost(sdfg, where):
+
+    def sizes(entry: nodes.MapEntry) -> tuple | None:
         extents = _extents(entry)
-        sizes = None if extents is None else _tile_sizes(extents, size, dims)
-        if sizes is not None:
-            found.append((entry, state, sizes))
-    return found
+        return None if extents is None else _tile_sizes(extents, size, dims)
+
+    return _chosen(sdfg, where, sizes)
 
 
 def tiling_places(sdfg: dace.SDFG, where: Where, options: dict) -> list[nodes.MapEntry]:
@@ -180,11 +179,18 @@ def _permutation(dims: int, order: tuple[int, ...] | None) -> tuple[int, ...] | 
 
 def _permutable(sdfg: dace.SDFG, where: Where, options: dict) -> list[tuple[nodes.MapEntry, dace.SDFGState, tuple]]:
     order = _order(options)
+    return _chosen(sdfg, where, lambda entry: _permutation(len(entry.map.params), order))
+
+
+def _chosen(
+    sdfg: dace.SDFG, where: Where, choose: Callable[[nodes.MapEntry], tuple | None]
+) -> list[tuple[nodes.MapEntry, dace.SDFGState, tuple]]:
+    """Each outermost map with what ``choose`` picks for it (its tile sizes, its order), where it picks one."""
     found = []
     for entry, state in _outermost(sdfg, where):
-        new = _permutation(len(entry.map.params), order)
-        if new is not None:
-            found.append((entry, state, new))
+        choice = choose(entry)
+        if choice is not None:
+            found.append((entry, state, choice))
     return found
 
 
