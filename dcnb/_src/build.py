@@ -296,10 +296,13 @@ def compile_timeout() -> float:
     return seconds
 
 
-def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, cuda_arch: str | None, args: str) -> bool:
+def build_unless_built(
+    sdfg: dace.SDFG, key: str, device: str, cuda_arch: str | None, args: str, compile_here: bool = True
+) -> bool:
     """In a compile's process: generate ``sdfg``'s code and compile it, then mark the build finished with its
     libraries' checksums; unless another process built it meanwhile (it holds the folder's lock while it builds).
-    True when it built."""
+    True when it built. Without ``compile_here``, the code only: it is compiled elsewhere (a cluster's worker,
+    ``compile_generated``), and the folder marked finished there."""
     folder = _folder(key, sdfg)
     forked.entering(WAITING)
     with _configured(device, cuda_arch), cache.writing(), cache.locked([folder]):
@@ -307,22 +310,10 @@ def _build_unless_built(sdfg: dace.SDFG, key: str, device: str, cuda_arch: str |
             return False
         shutil.rmtree(folder, ignore_errors=True)  # what a stopped or corrupted build left is not built upon
         forked.entering(GENERATING)
-        _compiled(_generate(sdfg, key, device), sdfg.name, args)
-        finished(folder, sdfg)
-    return True
-
-
-def generate_unless_built(sdfg: dace.SDFG, key: str, device: str, cuda_arch: str | None) -> bool:
-    """In a process of its own: ``_build_unless_built`` without the compile, which runs elsewhere (a cluster's
-    worker); False where the build folder is finished already."""
-    folder = _folder(key, sdfg)
-    forked.entering(WAITING)
-    with _configured(device, cuda_arch), cache.writing(), cache.locked([folder]):
-        if _on_disk(sdfg, key):
-            return False
-        shutil.rmtree(folder, ignore_errors=True)
-        forked.entering(GENERATING)
-        _generate(sdfg, key, device)
+        generated = _generate(sdfg, key, device)
+        if compile_here:
+            _compiled(generated, sdfg.name, args)
+            finished(folder, sdfg)
     return True
 
 
@@ -333,7 +324,7 @@ def finished(folder: pathlib.Path, sdfg: dace.SDFG) -> None:
 
 
 def compile_generated(folder: str, name: str, device: str, cuda_arch: str | None, args: str) -> None:
-    """Compile a program folder ``generate_unless_built`` wrote, wherever it now lies (a cluster's worker)."""
+    """Compile a program folder ``build_unless_built`` generated, wherever it now lies (a cluster's worker)."""
     with _configured(device, cuda_arch):
         _compiled(folder, name, args)
 
@@ -434,7 +425,7 @@ class _Compiles:
             name = next(iter(self._queued))
             # an interrupt between a fork and its record here would leave a child unstopped
             with forked.interrupts_deferred():
-                self._children[name] = forked.Child(_build_unless_built, *self._queued.pop(name))
+                self._children[name] = forked.Child(build_unless_built, *self._queued.pop(name))
             self._deadlines[name] = time.monotonic() + self._limit
 
     def running(self, name: str) -> bool:
@@ -474,18 +465,6 @@ class _Compiles:
         self._fork()  # the next build's compiles, at once: they run while this one is checked (and paused timing)
         return results
 
-    def _stop(self, names: Iterable[str]) -> None:
-        children = []
-        for name in names:
-            self._queued.pop(name, None)
-            if name in self._children:
-                children.append(self._children[name])
-        with forked.interrupts_deferred():  # a second interrupt while stopping them must not leave one running
-            for child in children:
-                child.kill()
-            for child in children:
-                child.reap()
-
     def _pause(self) -> None:
         self._paused_at = time.monotonic()
         for child in self._children.values():
@@ -500,7 +479,11 @@ class _Compiles:
 
     def __exit__(self, *exc) -> None:
         self._queued.clear()
-        self._stop(list(self._children))
+        with forked.interrupts_deferred():  # a second interrupt while stopping them must not leave one running
+            for child in self._children.values():
+                child.kill()
+            for child in self._children.values():
+                child.reap()
 
 
 def _compiler_error(log: str) -> str:

@@ -70,6 +70,7 @@ class DaskCompiles:
         self._client = dask_client
         self._limit = limit
         self._jobs: dict[str, tuple[dace.SDFG, str, str, str | None, str]] = {}
+        self._deadlines: dict[str, float] = {}
         self._generating: dict[str, forked.Child] = {}
         self._compiling: dict[str, Any] = {}  # a name -> its future on the cluster
         self._ended: dict[str, _Ended] = {}
@@ -77,7 +78,6 @@ class DaskCompiles:
         # workers on this machine (a local cluster's) pause while a candidate is timed, as compiles here do
         self._here = _workers_here(dask_client)
         alone.register(self)
-        self._deadlines: dict[str, float] = {}
 
     def __enter__(self) -> DaskCompiles:
         return self
@@ -87,7 +87,9 @@ class DaskCompiles:
             return
         self._jobs[sdfg.name] = (sdfg, key, device, cuda_arch, args)
         with forked.interrupts_deferred():
-            self._generating[sdfg.name] = forked.Child(builder.generate_unless_built, sdfg, key, device, cuda_arch)
+            self._generating[sdfg.name] = forked.Child(
+                builder.build_unless_built, sdfg, key, device, cuda_arch, args, False
+            )
         self._deadlines[sdfg.name] = time.monotonic() + self._limit
 
     def running(self, name: str) -> bool:
@@ -107,7 +109,8 @@ class DaskCompiles:
             for name in sorted(pending):
                 if name in self._generating:
                     child = self._generating[name]
-                    hear(name, child.stage() if child.stage() in builder.STAGES else "")
+                    stage = child.stage()  # (one cut short as the process rewrites it is not heard)
+                    hear(name, stage if stage in builder.STAGES else heard[name])
                     if child.done() and (ended := self._generated(name, child)) is not None:
                         self._ended[name] = ended
                 elif name in self._compiling and self._compiling[name].done():
@@ -172,16 +175,6 @@ class DaskCompiles:
             builder.finished(folder, sdfg)
         return True
 
-    def _stop(self, names: Iterable[str]) -> None:
-        with forked.interrupts_deferred():
-            for name in list(names):
-                if name in self._generating:
-                    child = self._generating.pop(name)
-                    child.kill()
-                    child.reap()
-                if name in self._compiling:
-                    self._compiling.pop(name).cancel()
-
     def _pause(self) -> None:
         for child in self._generating.values():
             child.pause()
@@ -195,7 +188,13 @@ class DaskCompiles:
             child.resume()
 
     def __exit__(self, *exc) -> None:
-        self._stop([*self._generating, *self._compiling])
+        with forked.interrupts_deferred():
+            for child in self._generating.values():
+                child.kill()
+                child.reap()
+            for future in self._compiling.values():
+                future.cancel()
+        self._generating, self._compiling = {}, {}
         self._here = []  # nothing more to pause
 
 
