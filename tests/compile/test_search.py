@@ -187,4 +187,6 @@ def test_compiles_here_run_while_a_candidate_is_checked_and_pause_while_it_is_ti
     assert result.builds > 0 and all(c.ok for c in result.candidates)
     during = seen[: len(result.candidates) - 1]  # the candidates' timings (then the best's steps are applied)
     assert any(during), "no candidate's compile ran beside another's check: the search built one at a time"
-    assert all(state in "TtZ" for states in during for state in states), during
+    # stopped, ended, or inside the kernel (D: writing the build to disk) with the stop taking effect as it leaves:
+    # on no core either way
+    assert all(state in "TtZD" for states in during for state in states), during
