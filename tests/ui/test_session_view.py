@@ -417,9 +417,10 @@ def test_the_session_view_on_a_prenorm_block(lab, page, artifacts):
 
     check("overlays on a graph past 400 nodes", large_overlays)
 
-    # a real build: its phase and seconds tick (map_fusion's: tasklet_fusion, which the cancels below apply, stays
-    # unbuilt, so that each of them compiles)
-    slow.locator("button[data-action=map_fusion]").click()
+    # a real step: its phase and seconds tick (auto_optimize's, whose transformation of eight blocks lasts seconds in
+    # one phase, where map_fusion's phases each ended within 2 s on an idle machine; tasklet_fusion, which the
+    # cancels below apply, stays unbuilt, so that each of them compiles)
+    slow.locator("button[data-action=auto_optimize]").click()
     status = slow.locator(".dcnb-status")
     expect(status).to_have_class(BUSY, timeout=60_000)
 
