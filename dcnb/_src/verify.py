@@ -177,8 +177,7 @@ def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL, exact: 
     """Each of PyTorch's tensors in ``want`` against dcnb's in ``got``, within the tolerance scaled by magnitude.
 
     ``exact`` is PyTorch's run in float64, where there is one: a tensor past its bound still matches if dcnb is no
-    farther from it than twice PyTorch's float32 is (four times where the float64 value is within PyTorch's float32
-    error of zero: rounding noise both). Some gradients are ill-conditioned (MobileViT's, through a
+    farther from it than twice PyTorch's float32 is, at its farthest element or in root mean square (``_as_exact``). Some gradients are ill-conditioned (MobileViT's, through a
     training BatchNorm of a few elements per channel: PyTorch's float32 gradient is 0.02 from its float64 one where
     the largest is 0.034), and summing in another order moves them farther than any fixed tolerance allows.
     """
@@ -215,17 +214,28 @@ def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL, exact: 
 
 
 def _as_exact(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor) -> bool:
-    """Whether ``got`` is at most twice (four times, for rounding noise) as far from ``exact`` (float64) as ``want``
-    (PyTorch's float32) is."""
+    """Whether ``got`` is as near ``exact`` (float64) as ``want`` (PyTorch's float32) is: at most twice as far at its
+    farthest element (four times, for rounding noise), or at most twice as far in root mean square.
+
+    The second is PyTorch's own test of a compiled model against float64 (``torch._dynamo.utils.same``): in a deep
+    network a pre-activation within float32's error of a ReLU's kink takes one side in one summation order and the
+    other in another, and the gradients it reaches differ in a few elements by far more than rounding (a full-size
+    ResNet-50 in training mode: PyTorch's float32 gradient 0.13 from float64's at its farthest, dcnb's 0.26 at
+    another element, both 1.0-1.1x as far in root mean square)."""
     if exact.shape != want.shape:
         return False
     exact = exact.to(torch.float64)
-    ours = float(torch.sub(got.reshape(want.shape).to(torch.float64), exact).abs().max())
-    theirs = float(torch.sub(want.to(torch.float64), exact).abs().max())
+    ours = torch.sub(got.reshape(want.shape).to(torch.float64), exact)
+    theirs = torch.sub(want.to(torch.float64), exact)
+    ours_max, theirs_max = float(ours.abs().max()), float(theirs.abs().max())
+    if not math.isfinite(ours_max):
+        return False
     # a gradient that is zero but for rounding (a bias before a training BatchNorm: LeViT's, where PyTorch's float32
     # is 5e-5 from a float64 value of 1e-13) is noise in any summation order; the ratio of two noises spreads wider
-    noise = float(exact.abs().max()) <= theirs
-    return math.isfinite(ours) and ours <= (4 if noise else 2) * theirs
+    noise = float(exact.abs().max()) <= theirs_max
+    if ours_max <= (4 if noise else 2) * theirs_max:
+        return True
+    return float(ours.square().mean().sqrt()) <= 2 * float(theirs.square().mean().sqrt())
 
 
 def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> tuple[float, float]:
