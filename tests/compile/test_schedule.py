@@ -104,6 +104,20 @@ def test_a_map_adding_into_one_array_twice_keeps_its_atomics():
     assert "grad x" in session.current.check.errors
 
 
+class _Square(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * torch.tanh(x)
+
+
+def test_a_square_s_two_parts_of_one_element_are_added_without_atomics():
+    # a square's gradient adds its two factors' parts into the one element of each iteration: two edges, one index;
+    # kept atomic, a BatchNorm's backward in training mode (8x64x112x112) spent 45 of its 106 ms in that map
+    torch.manual_seed(0)
+    session = dcnb.optimize(_Square(), torch.randn(8, 64), baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    assert "reduce_atomic" not in _source(session._states[-1].runner.backward_binary)
+
+
 def test_the_parts_of_a_gradient_are_added_without_atomics():
     torch.manual_seed(0)
     # x's gradient comes from LayerNorm's backward (a nested SDFG, added in by a map of its own) and from the product

@@ -76,15 +76,18 @@ def own_element_sums(sdfg: dace.SDFG) -> int:
             ranges.update(zip(entry.map.params, entry.map.range))
             outermost, entry = entry, state.entry_node(entry)
         sums += [(state, outermost, ranges, e) for e in state.out_edges(node) if e.data.wcr is not None]
-    # an array that a map's iterations add into through two edges (x[i] and x[i + 1], the gradient of x[1:] - x[:-1])
-    # is shared between iterations even where each edge alone is not
-    writers = collections.Counter((id(state), id(outermost), edge.data.data) for state, outermost, _, edge in sums)
+    # an array that a map's iterations add into at two indices (x[i] and x[i + 1], the gradient of x[1:] - x[:-1]) is
+    # shared between iterations even where each index alone is not; two edges to one index (a square's gradient,
+    # x * x: one per factor) stay within the iteration, whose additions run one after the other
+    indices = collections.defaultdict(set)
+    for state, outermost, _, edge in sums:
+        indices[id(state), id(outermost), edge.data.data].add(str(edge.data.subset))
     for state, outermost, ranges, edge in sums:
         memlet = edge.data
         if memlet.wcr_nonatomic:
             continue
         if not _of_the_iteration(state, edge):
-            if writers[id(state), id(outermost), memlet.data] > 1:
+            if len(indices[id(state), id(outermost), memlet.data]) > 1:
                 continue
             if not ranges or not _own_elements(memlet.subset, ranges):
                 continue
