@@ -53,12 +53,9 @@ OPTIONS = {"vectorization": {"vector_len": 4}}
 #: what an action says when it matches nothing
 NOTHING_TO_DO = "matches nothing"
 #: actions that cannot act on an entry, and the reason they give (none may be a correctness failure)
-CANNOT_APPLY: dict[tuple[str, str], str] = {
-    # fusing BatchNorm's statistics into one map leaves the centred input inside it, where DaCe's autodiff
-    # cannot store it for the backward; the step says so and leaves the session as it was
-    ("resnet_basic", "tasklet_fusion"): "DaCe's autodiff cannot store values computed inside a map",
-    ("small_net", "tasklet_fusion"): "DaCe's autodiff cannot store values computed inside a map",
-}
+#: (none now: a training BatchNorm's statistics, which tasklet_fusion fused into a map whose centred input DaCe's
+#: autodiff could not store, are C++ loops with a backward rule of their own)
+CANNOT_APPLY: dict[tuple[str, str], str] = {}
 
 
 @dataclasses.dataclass

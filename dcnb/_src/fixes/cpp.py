@@ -48,6 +48,13 @@ def loops(variables: list[str], sizes: list) -> tuple[str, str]:
     return head, "}\n" * len(variables)
 
 
+def parallel_for(collapse: int = 1) -> str:
+    """A pragma spreading the loop after it (``collapse`` loops nested in it) over the CPU's threads; nothing in
+    code built for a GPU."""
+    clause = f" collapse({collapse})" if collapse > 1 else ""
+    return f"#if defined(_OPENMP) && !defined(__CUDA_ARCH__)\n#pragma omp parallel for{clause}\n#endif\n"
+
+
 def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[str], body: str) -> dace.SDFGState:
     """Add a state to ``sdfg`` running ``body`` (C++) over its arrays, each reachable in ``body`` as a pointer
     of its own name; returns it."""
