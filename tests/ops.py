@@ -282,6 +282,7 @@ CONVOLUTIONS = [
     Op("conv1d", lambda: nn.Conv1d(3, 4, 3, padding=1), randn(2, 3, 10)),
     Op("conv2d_dilated", lambda: nn.Conv2d(3, 4, 3, dilation=2, padding=2), randn(2, 3, 8, 8)),
     Op("conv2d_depthwise", lambda: nn.Conv2d(4, 4, 3, padding=1, groups=4), randn(2, 4, 6, 6)),
+    Op("conv2d_groups", lambda: nn.Conv2d(8, 12, 3, padding=1, groups=2), randn(4, 8, 12, 12)),
     Op("conv2d_stride_rect", lambda: nn.Conv2d(3, 4, (3, 1), stride=(2, 1)), randn(2, 3, 7, 5)),
     Op("conv1d_strided_groups", lambda: nn.Conv1d(4, 6, 3, stride=2, dilation=2, padding=3, groups=2), randn(2, 4, 11)),
     Op("conv2d_same", lambda: nn.Conv2d(3, 4, (4, 3), padding="same", dilation=(1, 2)), randn(1, 3, 6, 7)),

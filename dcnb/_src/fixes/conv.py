@@ -30,6 +30,7 @@ from .cpp import (
     kept_nested,
     loops,
     offset,
+    parallel_for,
     zero,
 )
 from .library_nodes import (
@@ -76,15 +77,25 @@ def _spatial(prefix: str, rank: int) -> list[str]:
     return [f"{prefix}{d}" for d in range(rank)]
 
 
-def _conv_loops(node, x: dt.Data, w: dt.Data, y: dt.Data, per_output: str, inner: str, after: str = "") -> str:
+def _conv_loops(
+    node, x: dt.Data, w: dt.Data, y: dt.Data, per_output: str, inner: str, after: str = "", backward: bool = False
+) -> str:
     """C++ visiting every output element of a convolution (``per_output`` and ``after`` see ``b, oc, o0..``) and
-    every input element it reads (``inner`` also sees ``ic``, the weight's channel ``wc`` and ``k0.., i0..``)."""
+    every input element it reads (``inner`` also sees ``ic``, the weight's channel ``wc`` and ``k0.., i0..``).
+
+    The threads share the output elements (``per_output`` writes its own); in the ``backward``, which adds into the
+    weights' and the input's gradients, the groups (each with channels of its own)."""
     rank = len(x.shape) - 2
     strides, pads, dilations = _window(node, x, w)
     groups = node.group or 1
     per_group_in, per_group_out = x.shape[1] // groups, w.shape[0] // groups
     out, kernel, image = _spatial("o", rank), _spatial("k", rank), _spatial("i", rank)
-    head, tail = loops(["b", "oc", *out], y.shape)
+    if not backward:
+        head, tail = loops(["b", "oc", *out], y.shape)
+        head = parallel_for(collapse=2) + head
+    else:
+        head, tail = loops(["g", "b", "ocg", *out], [groups, y.shape[0], per_group_out, *y.shape[2:]])
+        head = parallel_for() + head + f"const long long oc = g * {per_group_out} + ocg;\n"
     inner_head, inner_tail = loops(["wc", *kernel], w.shape[1:])
     positions = "".join(
         f"const long long {i} = {o} * {s} - {p} + {k} * {d};\n"
@@ -390,7 +401,7 @@ def _conv_loops_sdfg(conv, state, sdfg) -> dace.SDFG:
     if "X" in wanted:
         inner += f"{_element('X_grad', x, ['b', 'ic'], 'i')} += dy * {_element('W', w, ['oc', 'wc'], 'k')};\n"
     if inner:
-        body += _conv_loops(conv, x, w, y, per_output, inner)
+        body += _conv_loops(conv, x, w, y, per_output, inner, backward=True)
     if "B" in wanted:
         body += _bias_gradient(y)
     cpp_tasklet(nsdfg, f"{conv.label}_backward", inputs, outputs, body)
