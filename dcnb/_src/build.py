@@ -31,7 +31,7 @@ from dace.config import Config, temporary_config
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
 
-from . import alone, blas, cache, events, forked, native, passes
+from . import alone, blas, cache, events, forked, native, passes, torch_kernels
 from .errors import CompileError, DcnbError, first_line
 from .names import readable_sdfg, readable_text
 from .passes import vecmath
@@ -245,6 +245,7 @@ def _flags(args: str, device: str) -> dict[str, str]:
         "cuda.streams": str(Config.get("compiler", "cuda", "max_concurrent_streams")),
         "build_type": Config.get("compiler", "build_type"),
         "blas": blas.key(),  # which BLAS the matrix products call (fixes.linalg)
+        "convolutions": torch_kernels.key(),  # whether convolutions call PyTorch's (fixes.conv)
     }
 
 

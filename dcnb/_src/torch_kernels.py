@@ -1,0 +1,119 @@
+"""PyTorch's own CPU kernels, called from generated code: its convolutions, which on x86-64 are oneDNN's.
+
+A convolution of one group runs as im2col and a BLAS product otherwise (fixes/conv.py), a grouped one as C++ loops;
+at full size both lose to the kernels eager calls (ResNet-50, training, 2x3x224x224: dcnb's convolutions 324 ms,
+eager's 241). As the BLAS route reaches PyTorch's MKL (blas.py), this one reaches its convolutions: a small C++
+library (``torch_kernels.cpp``) wraps the generated code's pointers as tensors (``at::from_blob``, no copy) and calls
+``at::convolution`` and ``at::convolution_backward``, which choose the kernel as eager does. It is built once per
+PyTorch and source (about 6 s) into the build cache and linked by path.
+
+``DCNB_CONV=loops`` keeps dcnb's own code (im2col and the BLAS, loops for groups); unset, PyTorch's kernels are used
+where the library builds here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import dace
+import torch
+from dace.config import Config
+
+from . import cache
+
+SOURCE = pathlib.Path(__file__).with_name("torch_kernels.cpp")
+HEADER = pathlib.Path(__file__).with_name("torch_kernels.h")
+CHOICES = ("torch", "loops")
+
+
+def wanted() -> bool:
+    """Whether convolutions on the CPU should call PyTorch's kernels (``DCNB_CONV``, default ``torch``)."""
+    choice = os.environ.get("DCNB_CONV", "").strip().lower() or "torch"
+    if choice not in CHOICES:
+        raise ValueError(f"DCNB_CONV must be one of {', '.join(CHOICES)}, not {choice!r}")
+    return choice == "torch"
+
+
+def library() -> pathlib.Path | None:
+    """The library, built here on first use; None where it is not wanted or cannot be built (then once a warning
+    saying why: convolutions keep dcnb's own code)."""
+    if not wanted():
+        return None
+    return _built(cache.root().absolute(), _digest())
+
+
+@functools.cache
+def _digest() -> str:
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in (SOURCE, HEADER, pathlib.Path(__file__)):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def key() -> str:
+    """What the build cache keys on: whether PyTorch's kernels are linked, and which."""
+    return f"torch:{_digest()}" if library() is not None else "loops"
+
+
+@functools.cache
+def _built(root: pathlib.Path, digest: str) -> pathlib.Path | None:
+    folder = root / "torch_kernels" / digest
+    target = folder / "libdcnb_torch_kernels.so"
+    with cache.writing(), cache.locked([folder]):
+        if target.is_file():
+            return target
+        folder.mkdir(parents=True, exist_ok=True)
+        torch_dir = pathlib.Path(torch.__file__).parent
+        compiler = Config.get("compiler", "cpu", "executable") or shutil.which("c++") or "g++"
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".so", delete=False) as partial:
+            command = [
+                compiler, "-O2", "-shared", "-fPIC", "-std=c++20", "-w",
+                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+                f"-I{torch_dir / 'include'}", f"-I{HEADER.parent}", str(SOURCE),
+                f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+                "-o", partial.name,
+            ]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            os.unlink(partial.name)
+            warnings.warn(
+                "dcnb could not build its bridge to PyTorch's convolutions, and keeps its own (im2col and a BLAS): "
+                f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
+                stacklevel=2,
+            )
+            return None
+        os.replace(partial.name, target)  # whole or not at all, for the next process
+    return target
+
+
+@dace.library.environment
+class TorchKernels:
+    """The library above, linked by path; ``torch_kernels.h`` declares its calls."""
+
+    cmake_minimum_version = None
+    cmake_packages = []
+    cmake_variables = {}
+    cmake_compile_flags = []
+    cmake_link_flags = []
+    cmake_files = []
+    headers = [HEADER.name]
+    state_fields = []
+    init_code = ""
+    finalize_code = ""
+    dependencies = []
+
+    @staticmethod
+    def cmake_includes() -> list[str]:
+        return [str(HEADER.parent)]
+
+    @staticmethod
+    def cmake_libraries() -> list[str]:
+        found = library()
+        return [] if found is None else [str(found)]
