@@ -100,3 +100,17 @@ def test_accumulators_one_map_fills_are_written_not_zeroed():
     zeroed = {n.data for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and n.setzero}
     # the gradients of erf's and of the division's outputs: each added into by one map, element by element
     assert not {name for name in zeroed if "Erf" in name or "Div" in name}, zeroed
+
+
+def test_a_gradient_a_nested_backward_alone_writes_whole_is_written_in_place():
+    # a convolution's and a BatchNorm's backward (nested SDFGs) are each the one writer of their input's gradient:
+    # written into a temporary and added into the gradient by a map, a full-size ResNet-50's backward spent 34 of its
+    # 400 ms on those passes
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    session = dcnb.optimize(module.train(), x, training=True, baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    backward = session._states[-1].sdfgs.backward
+    maps = [n.label for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.MapEntry)]
+    assert not [label for label in maps if label.startswith("accumulate_")], maps

@@ -62,7 +62,9 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
     gap: autodiff sums the gradients of an array used twice with a write-conflict resolution on each edge into
     it, but a nested SDFG (what backward rules such as LayerNormalization's return) writes through a pointer and
     ignores it: ``x + LayerNorm(x)`` got only LayerNorm's share of x's gradient. Each such write now goes to a
-    zeroed temporary that a map adds into the gradient.
+    zeroed temporary that a map adds into the gradient. Where the node is the gradient's one writer and writes all
+    of it, it writes there directly instead: no temporary, no zeroing, no pass adding it in (a full-size ResNet-50's
+    backward spent 34 of its 400 ms copying its convolutions' and BatchNorms' input gradients so).
     """
     rerouted = 0
     for state in sdfg.states():
@@ -71,6 +73,10 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
         for node in [n for n in state.nodes() if isinstance(n, (nodes.NestedSDFG, nodes.LibraryNode)) and not scope[n]]:
             for edge in list(state.out_edges(node)):
                 if edge.data.wcr is None or not isinstance(edge.dst, nodes.AccessNode):
+                    continue
+                if _writes_all_alone(sdfg, node, edge):
+                    edge.data.wcr = None
+                    edge.dst.setzero = False
                     continue
                 target, subset = edge.data.data, edge.data.subset
                 sizes = subset.size()
@@ -108,6 +114,22 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
                 state.remove_edge(edge)
                 rerouted += 1
     return rerouted
+
+
+def _writes_all_alone(sdfg: dace.SDFG, node: nodes.Node, edge) -> bool:
+    """Whether ``edge`` from ``node`` is the one write into its array, through the SDFG's one access node of it
+    (read only after it), and ``node`` writes every element of it: an ONNX op, or a nested SDFG that does once its
+    own only writer writes instead of adding."""
+    if gradient_writes.sole_write(sdfg, edge.data.data) != (edge.dst, edge):
+        return False
+    if not edge.data.subset.covers(dace.subsets.Range.from_array(sdfg.arrays[edge.data.data])):
+        return False
+    if isinstance(node, ONNXOp):
+        return True
+    if not isinstance(node, nodes.NestedSDFG):
+        return False
+    gradient_writes.write_once(node.sdfg, edge.src_conn)
+    return gradient_writes.overwritten(node.sdfg, edge.src_conn)
 
 
 def _is_pi(node: ast.AST) -> bool:

@@ -74,6 +74,13 @@ def write_once(sdfg: dace.SDFG, name: str, read_after: bool = False) -> bool:
     return True
 
 
+def sole_write(sdfg: dace.SDFG, name: str) -> tuple[nodes.AccessNode, object] | None:
+    """(access node, edge) of the only write into ``name``, where the SDFG has one access node of it, read only from
+    that node after the write; else None."""
+    found = _single_writer(sdfg, name, read_after=True)
+    return None if found is None else (found[1].dst, found[1])
+
+
 def _single_writer(sdfg: dace.SDFG, name: str, read_after: bool = False) -> tuple[dace.SDFGState, object] | None:
     """(state, edge) of the only write into ``name`` when the SDFG has one access node of it and never reads it
     (or, ``read_after``, reads it only from that node, after the write)."""
