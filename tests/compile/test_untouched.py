@@ -62,14 +62,14 @@ def test_optimize_apply_undo_reset_and_replay_leave_the_module_as_it_was(trainin
     session = dcnb.optimize(module, x, training=training, baselines=baselines, time_budget=0.05)
     assert session.current.ok, session.current.error
     _assert_as_before(module, [x], before, "optimize")
-    assert session.apply("map_fusion").ok
+    assert session.apply("fuse_rows").ok
     _assert_as_before(module, [x], before, "apply")
     assert not session.apply("tasklet_fusion", where=["no such node"]).ok
     _assert_as_before(module, [x], before, "a failed apply")
     session.undo()
     session.reset()
     _assert_as_before(module, [x], before, "undo and reset")
-    dcnb.replay(module, x, recipe=[{"name": "map_fusion"}], training=training, baselines=(), time_budget=0.01)
+    dcnb.replay(module, x, recipe=[{"name": "fuse_rows"}], training=training, baselines=(), time_budget=0.01)
     _assert_as_before(module, [x], before, "replay")
 
 

@@ -39,7 +39,7 @@ def _biases(count: int) -> dace.SDFG:
     previous = state.add_access("x0")
     for k in range(count):
         sdfg.add_array(f"x{k + 1}", [8, 4], dace.float32)
-        sdfg.add_array(f"g{k}", [4], dace.float32)
+        sdfg.add_array(f"g{k}", [8], dace.float32)
         out, grad = state.add_access(f"x{k + 1}"), state.add_access(f"g{k}")
         state.add_mapped_tasklet(
             f"m{k}", {"i": "0:8", "j": "0:4"}, {"a": dace.Memlet(f"x{k}[i, j]")}, "b = a\ng = a",
@@ -51,8 +51,9 @@ def _biases(count: int) -> dace.SDFG:
 
 
 def _nested_writers(count: int) -> dace.SDFG:
-    """``count`` nested SDFGs, one after the other, each also adding into a gradient of its own through a memlet with
-    a write-conflict resolution (which a nested SDFG ignores: accumulate_nested_gradients reroutes it)."""
+    """``count`` nested SDFGs, one after the other, each also adding into half of a gradient of its own through a
+    memlet with a write-conflict resolution (which a nested SDFG ignores: accumulate_nested_gradients reroutes it;
+    one writing all of it would write in place)."""
     sdfg = dace.SDFG("nested")
     state = sdfg.add_state()
     sdfg.add_array("x0", [4], dace.float32)
@@ -67,7 +68,7 @@ def _nested_writers(count: int) -> dace.SDFG:
             {"y": dace.Memlet("b[i]"), "z": dace.Memlet("g[i]")}, external_edges=True,
         )
         sdfg.add_array(f"x{k + 1}", [4], dace.float32)
-        sdfg.add_array(f"g{k}", [4], dace.float32)
+        sdfg.add_array(f"g{k}", [8], dace.float32)
         node = state.add_nested_sdfg(inner, {"a"}, {"b", "g"})
         out = state.add_access(f"x{k + 1}")
         state.add_edge(previous, None, node, "a", dace.Memlet(f"x{k}[0:4]"))
