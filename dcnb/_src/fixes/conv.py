@@ -412,38 +412,44 @@ def _conv_loops_expansion(conv, state, sdfg) -> dace.SDFG:
     return loops_on_gpu(conv, state, sdfg, _conv_loops_sdfg(conv, state, sdfg))
 
 
-def _cudnn_applies(conv, state, sdfg) -> bool:
-    """Whether cuDNN computes what the loops do: GPU memory outside kernels, float32 or float64, 1 to 3 spatial
-    dimensions, numbers for shapes and strides, packed weights, x and y of the sizes cuDNN's symmetric padding
-    gives, and no array of one element (which DaCe passes by value)."""
-    if not on_gpu_host(conv, state, sdfg):
-        return False
+def _library_operands(conv, state, sdfg) -> tuple[dict, list, list, list] | None:
+    """(the connected arrays, and X's, W's and Y's descriptors, each with its gradient's where connected) where a
+    library (cuDNN, PyTorch's) can take ``conv``: one type, float32 or float64, numbers for shapes and strides, the
+    three operands there, no array of one element (which DaCe passes by value), a packed bias, and the output of the
+    size symmetric padding gives; else None."""
     arrays = connected(conv, state, sdfg)
     descs = list(arrays.values())
     if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in _GEMM_DTYPES or not all(map(concrete, descs)):
-        return False
+        return None
     if any(math.prod(int(n) for n in d.shape) == 1 for d in descs):
+        return None
+    if any(not packed(arrays[n]) for n in ("B", "B_grad") if n in arrays):
+        return None
+    x, w, y = ([arrays[n] for n in (a, f"{a}_grad") if n in arrays] for a in ("X", "W", "Y"))
+    if not (x and w and y):
+        return None
+    spatial = zip(x[0].shape[2:], y[0].shape[2:], w[0].shape[2:], conv.strides, conv.pads, conv.dilations)
+    for size, out, k, s, p, d in spatial:
+        if (int(size) + 2 * p - d * (int(k) - 1) - 1) // s + 1 != int(out):
+            return None
+    return arrays, x, w, y
+
+
+def _cudnn_applies(conv, state, sdfg) -> bool:
+    """Whether cuDNN computes what the loops do: GPU memory outside kernels, what any library takes
+    (``_library_operands``), 1 to 3 spatial dimensions, packed weights, one layout for an array and its gradient."""
+    operands = _library_operands(conv, state, sdfg) if on_gpu_host(conv, state, sdfg) else None
+    if operands is None:
         return False
-    x = [arrays[n] for n in ("X", "X_grad") if n in arrays]
-    w = [arrays[n] for n in ("W", "W_grad") if n in arrays]
-    y = [arrays[n] for n in ("Y", "Y_grad") if n in arrays]
-    if not (x and w and y) or not 3 <= len(x[0].shape) <= 5 or not all(map(packed, w)):
+    arrays, x, w, y = operands
+    if not 3 <= len(x[0].shape) <= 5 or not all(map(packed, w)):
         return False
     # one descriptor each for an array and its gradient
     if any(len({tuple(int(s) for s in d.strides) for d in same}) != 1 for same in (x, w, y)):
         return False
-    if any(not packed(arrays[n]) for n in ("B", "B_grad") if n in arrays):
-        return False
     # cudnnConvolutionBackwardBias answered CUDNN_STATUS_BAD_PARAM on an H100 (cuDNN 9, every convolution with a
     # bias): such a gradient stays on the loops until a GPU run shows a bias gradient cuDNN takes
-    if "B_grad" in arrays:
-        return False
-    x, w, y = x[0], w[0], y[0]
-    kernel = [int(k) for k in w.shape[2:]]
-    for size, out, k, s, p, d in zip(x.shape[2:], y.shape[2:], kernel, conv.strides, conv.pads, conv.dilations):
-        if (int(size) + 2 * p - d * (k - 1) - 1) // s + 1 != int(out):
-            return False
-    return True
+    return "B_grad" not in arrays
 
 
 def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
@@ -475,28 +481,16 @@ def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
 
 
 def _torch_applies(conv, state, sdfg) -> bool:
-    """Whether PyTorch's convolution computes what the loops do, on the CPU: float32 or float64, numbers for shapes
-    and strides, an array and its gradient alike, symmetric padding (the output sized as ATen sizes it), a packed
-    bias, no array of one element (which DaCe passes by value), not depthwise, and the bridge built here."""
-    if not on_cpu(conv, state, sdfg):
+    """Whether PyTorch's convolution computes what the loops do, on the CPU: what any library takes
+    (``_library_operands``), an array and its gradient alike, not depthwise, and the bridge built here."""
+    operands = _library_operands(conv, state, sdfg) if on_cpu(conv, state, sdfg) else None
+    if operands is None:
         return False
-    arrays = connected(conv, state, sdfg)
-    descs = list(arrays.values())
-    if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in _GEMM_DTYPES or not all(map(concrete, descs)):
-        return False
-    if any(math.prod(int(n) for n in d.shape) == 1 for d in descs):
-        return False
-    x, w, y = ([arrays[n] for n in (a, f"{a}_grad") if n in arrays] for a in ("X", "W", "Y"))
+    _, x, w, y = operands
     if any(len({(tuple(map(int, d.shape)), tuple(map(int, d.strides))) for d in same}) != 1 for same in (x, w, y)):
         return False
-    if any(not packed(arrays[n]) for n in ("B", "B_grad") if n in arrays):
-        return False
-    x, w, y = x[0], w[0], y[0]
-    if conv.group > 1 and int(x.shape[1]) == conv.group:
+    if conv.group > 1 and int(x[0].shape[1]) == conv.group:
         return False  # depthwise: dcnb's loops on all threads took 0.55-1.2x eager's time, PyTorch's 1.36x
-    for size, out, k, s, p, d in zip(x.shape[2:], y.shape[2:], w.shape[2:], conv.strides, conv.pads, conv.dilations):
-        if (int(size) + 2 * p - d * (int(k) - 1) - 1) // s + 1 != int(out):
-            return False
     return torch_kernels.library() is not None
 
 
