@@ -119,10 +119,10 @@ def _code_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-class _Linked:
-    """What dcnb's BLAS environments share: no CMake packages to find, the library and its headers by path."""
+class LinkedByPath:
+    """A DaCe environment of a library linked by its path, its headers found by path: no CMake packages to find
+    (subclasses give ``headers``, ``cmake_includes`` and ``cmake_libraries``)."""
 
-    blas = ""  # the name in CHOICES
     cmake_minimum_version = None
     cmake_packages = []
     cmake_variables = {}
@@ -133,6 +133,12 @@ class _Linked:
     init_code = ""
     finalize_code = ""
     dependencies = []
+
+
+class _Linked(LinkedByPath):
+    """What dcnb's BLAS environments share: the library found for their BLAS and its headers."""
+
+    blas = ""  # the name in CHOICES
 
     @classmethod
     def cmake_includes(cls) -> list[str]:

@@ -26,7 +26,7 @@ import dace
 import torch
 from dace.config import Config
 
-from . import cache
+from . import blas, cache
 
 SOURCE = pathlib.Path(__file__).with_name("torch_kernels.cpp")
 HEADER = pathlib.Path(__file__).with_name("torch_kernels.h")
@@ -94,20 +94,10 @@ def _built(root: pathlib.Path, digest: str) -> pathlib.Path | None:
 
 
 @dace.library.environment
-class TorchKernels:
+class TorchKernels(blas.LinkedByPath):
     """The library above, linked by path; ``torch_kernels.h`` declares its calls."""
 
-    cmake_minimum_version = None
-    cmake_packages = []
-    cmake_variables = {}
-    cmake_compile_flags = []
-    cmake_link_flags = []
-    cmake_files = []
     headers = [HEADER.name]
-    state_fields = []
-    init_code = ""
-    finalize_code = ""
-    dependencies = []
 
     @staticmethod
     def cmake_includes() -> list[str]:

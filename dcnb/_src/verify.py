@@ -177,9 +177,10 @@ def compare(got: Run, want: Run, rtol: float = RTOL, atol: float = ATOL, exact: 
     """Each of PyTorch's tensors in ``want`` against dcnb's in ``got``, within the tolerance scaled by magnitude.
 
     ``exact`` is PyTorch's run in float64, where there is one: a tensor past its bound still matches if dcnb is no
-    farther from it than twice PyTorch's float32 is, at its farthest element or in root mean square (``_as_exact``). Some gradients are ill-conditioned (MobileViT's, through a
-    training BatchNorm of a few elements per channel: PyTorch's float32 gradient is 0.02 from its float64 one where
-    the largest is 0.034), and summing in another order moves them farther than any fixed tolerance allows.
+    farther from it than twice PyTorch's float32 is, at its farthest element or in root mean square (``_as_exact``).
+    Some gradients are ill-conditioned (MobileViT's, through a training BatchNorm of a few elements per channel:
+    PyTorch's float32 gradient is 0.02 from its float64 one where the largest is 0.034), and summing in another order
+    moves them farther than any fixed tolerance allows.
     """
     errors: dict[str, float] = {}
     worst, worst_ratio = "", -1.0

@@ -41,6 +41,7 @@ from .library_nodes import (
     library_call,
     loops_on_gpu,
     packed,
+    pointer_tasklet,
     shape,
 )
 from .registry import CHOOSE, choice, default_backward, on_cpu, on_gpu_host, pure_expansion
@@ -500,31 +501,20 @@ def _torch_call(conv, state, sdfg) -> nodes.Tasklet:
     x, w = arrays.get("X", arrays.get("X_grad")), arrays.get("W", arrays.get("W_grad"))
     y = arrays.get("Y", arrays.get("Y_grad"))
     rank = len(x.shape) - 2
-    own = {name: f"__dcnb_{name}" for name in arrays}  # a connector may not share a name with an array
-    for edge in state.in_edges(conv):
-        edge.dst_conn = own[edge.dst_conn]
-    for edge in state.out_edges(conv):
-        edge.src_conn = own[edge.src_conn]
     numbers = lambda values: f"(const int64_t[]){{{', '.join(str(int(v)) for v in values)}}}"
-    given = lambda name: own[name] if name in arrays else "nullptr"
+    given = lambda name: name if name in arrays else "nullptr"
     common = f"{int(x.dtype == dace.float64)}, {rank}"
     x_of, w_of, y_of = (f"{numbers(d.shape)}, {numbers(d.strides)}" for d in (x, w, y))
     window = f"{numbers(conv.strides)}, {numbers(conv.pads[:rank])}, {numbers(conv.dilations)}, {conv.group}"
     if "Y" in arrays:
-        call = (
-            f"dcnb_torch_conv({common}, {x_of}, {own['X']}, {w_of}, {own['W']}, {given('B')}, {y_of}, {own['Y']}, "
-            f"{window});"
-        )
+        call = f"dcnb_torch_conv({common}, {x_of}, X, {w_of}, W, {given('B')}, {y_of}, Y, {window});"
     else:
         grads = ", ".join(given(f"{n}_grad") for n in ("X", "W", "B"))
         call = (
-            f"dcnb_torch_conv_backward({common}, {x_of}, {given('X')}, {w_of}, {given('W')}, {y_of}, "
-            f"{own['Y_grad']}, {grads}, {window});"
+            f"dcnb_torch_conv_backward({common}, {x_of}, {given('X')}, {w_of}, {given('W')}, {y_of}, Y_grad, "
+            f"{grads}, {window});"
         )
-    pointers = lambda names: {own[n]: dace.pointer(arrays[n].dtype) for n in names}
-    return nodes.Tasklet(
-        conv.label, pointers(conv.in_connectors), pointers(conv.out_connectors), call, language=dace.Language.CPP
-    )
+    return pointer_tasklet(conv, state, sdfg, call)
 
 
 @dace.library.expansion

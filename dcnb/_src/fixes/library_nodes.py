@@ -60,6 +60,23 @@ def library_call(
     connectors as pointers, by their names) on every call, on the stream of the binary's kernels
     (``__dace_current_stream``); both are expressions that are true where they succeeded."""
     field = f"__state->{gpu_libs.field_name(kind, sdfg)}"
+    return pointer_tasklet(
+        node,
+        state,
+        sdfg,
+        call,
+        lambda call: f"if (!({call.replace('FIELD', field)})) {{\n{gpu_libs.FAILED}\n}}",
+        state_fields=[f"{field_type} {field.removeprefix('__state->')};"],
+        code_init=f"__result |= !({create.replace('FIELD', field)});",
+        code_exit=f"{field}.destroy();",
+    )
+
+
+def pointer_tasklet(
+    node: nodes.LibraryNode, state, sdfg, call: str, wrap=lambda call: call, **options
+) -> nodes.Tasklet:
+    """A C++ tasklet in place of ``node`` running ``wrap(call)``, where ``call`` reaches each of the node's
+    connectors as a pointer by its name; ``options`` go to the tasklet."""
     arrays = connected(node, state, sdfg)
     # a tasklet's connector may not share a name with an array of the SDFG (an inlined expansion's X or Y): the
     # node's connectors, which its edges keep as they move to the tasklet, get names of their own
@@ -74,11 +91,9 @@ def library_call(
         node.label,
         pointers(node.in_connectors),
         pointers(node.out_connectors),
-        f"if (!({call.replace('FIELD', field)})) {{\n{gpu_libs.FAILED}\n}}",
+        wrap(call),
         language=dace.Language.CPP,
-        state_fields=[f"{field_type} {field.removeprefix('__state->')};"],
-        code_init=f"__result |= !({create.replace('FIELD', field)});",
-        code_exit=f"{field}.destroy();",
+        **options,
     )
 
 

@@ -230,7 +230,8 @@ class SequentialReduction(ExpandTransformation):
         nsdfg.arrays["acc"].dtype = wider
         for body in nsdfg.states():
             for edge in list(body.edges()):
-                if isinstance(edge.src, nodes.AccessNode) and edge.src.data == "acc" and isinstance(edge.dst, nodes.MapExit):
+                written_out = isinstance(edge.src, nodes.AccessNode) and isinstance(edge.dst, nodes.MapExit)
+                if written_out and edge.src.data == "acc":
                     # acc -> _out is a copy, which must not convert: a tasklet converts
                     write = body.add_tasklet("write", {"a"}, {"o"}, "o = a")
                     body.remove_edge(edge)
