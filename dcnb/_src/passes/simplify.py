@@ -1,5 +1,5 @@
 """DaCe's simplify, as every dcnb phase runs it: with the write-conflict resolutions it drops put back, and without
-a removal of copies that it cannot carry out."""
+a removal of copies that it cannot carry out or that leaves a library node an operand of another shape."""
 
 from __future__ import annotations
 
@@ -114,3 +114,21 @@ class _ComposableWriteSlice(redundant_array.RedundantWriteSlice):
 
 
 array_elimination.RedundantWriteSlice = _ComposableWriteSlice  # what simplify's ArrayElimination instantiates
+
+
+class _LibraryOperandsKeepShape(redundant_array.RedundantArray):
+    """DaCe's RedundantArray, but a view a library node writes stays where it is shaped unlike what it views."""
+
+    # gap: RedundantArray merges a view into the view it is a view of, and a Gemm that wrote the matrix of a 3-d
+    # array's reshape then writes the 3-d array, which DaCe's own validation refuses ("matrix-matrix product only
+    # supported on matrices": a MatMul's backward writing its input gradient in place, built for CUDA)
+    def can_be_applied(self, graph, expr_index, sdfg, permissive=False) -> bool:
+        if not super().can_be_applied(graph, expr_index, sdfg, permissive):
+            return False
+        in_desc, out_desc = sdfg.arrays[self.in_array.data], sdfg.arrays[self.out_array.data]
+        if not isinstance(in_desc, dace.data.View) or tuple(in_desc.shape) == tuple(out_desc.shape):
+            return True
+        return not any(isinstance(e.src, nodes.LibraryNode) for e in graph.in_edges(self.in_array))
+
+
+array_elimination.RedundantArray = _LibraryOperandsKeepShape
