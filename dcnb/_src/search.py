@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import actions, events, verify, workdir
 from . import build as builder
-from .errors import DcnbError, describe
+from .errors import DcnbError, StepError, describe
 from .recipe import Entry
 from .record import MIB, Row, Step, Table
 from .timing import NOISE_NOTE
@@ -523,10 +523,25 @@ def _entries(session: Session, given: Sequence[str | dict[str, Any]] | None) -> 
                 f"search's actions: {entry.name} is offered on {', '.join(action.devices)} only; this session runs "
                 f"on {session.device}"
             )
+        _check_options(session, action, entry)
         entries.append(entry)
     if not entries:
         raise DcnbError("search's actions is empty: name at least one action to try (None tries them all)")
     return entries
+
+
+def _check_options(session: Session, action: actions.Action, entry: Entry) -> None:
+    """Raise DcnbError where ``entry``'s options are not the action's or not of its values: each candidate would
+    fail on them, and its matching, which is asked first, would leave the entry out without a word."""
+    from .session import _sides
+
+    state = session._states[-1]
+    try:
+        action.check_options(entry.options)
+        for target in [state.pre] if action.before_autodiff else _sides(state.sdfgs):
+            action.count(target, entry.where, entry.options)
+    except StepError as e:
+        raise DcnbError(f"search's actions: {e}") from e
 
 
 def _leading(candidate: Candidate) -> str:

@@ -801,6 +801,7 @@ def _sides(prog: Program) -> list[dace.SDFG]:
 
 
 def _run(action: actions.Action, sdfg: dace.SDFG, applied: Entry, device: str, strict: bool = True) -> int:
+    action.check_options(applied.options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if not strict and action.count(sdfg, applied.where, applied.options) == 0:

@@ -116,6 +116,8 @@ def test_map_permutation_reorders_the_dimensions_as_asked(session):
         ("map_permutation", {"order": (0, 0, 1, 2)}, "each of 0 .. n-1 once"),
         ("map_permutation", {"order": "1023"}, "not '1023'"),
         ("map_permutation", {"axes": (1, 0)}, "map_permutation takes the option order, not axes"),
+        ("map_fusion", {"size": 16}, "map_fusion takes the options "),
+        ("auto_optimize", {"size": 16}, "auto_optimize takes no options, not size"),
         ("map_permutation", {"order": (1, 0, 2)}, "matches nothing in the forward or backward SDFG (no outermost map has 3 dimensions"),
     ],
 )

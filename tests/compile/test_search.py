@@ -153,6 +153,11 @@ def test_a_failing_candidate_is_recorded_with_its_reason():
         (dict(budget=60, actions="map_fusion"), "must be a list of action names"),
         (dict(budget=60, actions=[]), "actions is empty"),
         (dict(budget=60, actions=[{"nme": "map_fusion"}]), "recipe entry 0 is not a step"),
+        (dict(budget=60, actions=[{"name": "map_fusion", "options": {"tile": 16}}]), "map_fusion takes the options"),
+        (
+            dict(budget=60, actions=["map_fusion", {"name": "simplify_algebra", "options": {"form": "log"}}]),
+            "simplify_algebra's form",
+        ),
         (dict(budget=60, beam=0), "beam must be a whole number, 1 or more, not 0"),
         (dict(budget=60, depth=1.5), "depth must be a whole number, 1 or more, not 1.5"),
     ],

@@ -75,6 +75,8 @@ class Action:
     #: places(sdfg, where, options) -> each place it applies, as the labels and nodes there: ``where`` set to
     #: one place's labels applies it there (None: it acts on the whole SDFG only)
     places: Callable[[dace.SDFG, Where, dict], list[Bound]] | None = None
+    #: the options it takes (``Session.apply``'s keywords, a recipe entry's ``options``); any other is refused
+    options: tuple[str, ...] = ()
     #: the options a search tries it with when not told which actions to try, one candidate each (``search._entries``)
     searched: tuple[dict, ...] = ({},)
     #: places it matches in a session's SDFGs now (None: not counted)
@@ -85,6 +87,13 @@ class Action:
     @property
     def phase(self) -> str:
         return "before autodiff" if self.before_autodiff else "after autodiff"
+
+    def check_options(self, options: dict) -> None:
+        """Raise StepError naming the options it does not take (a misspelt one would otherwise go unused)."""
+        unknown = sorted(set(options) - set(self.options))
+        *most, last = self.options or ("",)
+        takes = f"the options {', '.join(most)} and {last}" if most else f"the option {last}" if last else "no options"
+        check(not unknown, f"{self.name} takes {takes}, not {', '.join(unknown)}")
 
 
 REGISTRY: dict[str, Action] = {}
@@ -190,6 +199,7 @@ register(
         count=_counted(_places(MapFusion)),
         run=_repeat(MapFusion),
         places=_places(MapFusion),
+        options=tuple(MapFusion.__properties__),
     )
 )
 
@@ -245,6 +255,7 @@ register(
         count=lambda sdfg, where, options: len(_fusable(sdfg, where)),
         run=_subgraph_fusion,
         places=lambda sdfg, where, options: [_outer_maps(group) for group in _fusable(sdfg, where)],
+        options=tuple(SubgraphFusion.__properties__),
     )
 )
 
@@ -305,6 +316,7 @@ register(
         count=_counted(_tasklet_places),
         run=_tasklet_fusion,
         places=_tasklet_places,
+        options=tuple(TaskletFusion.__properties__),
     )
 )
 
@@ -319,6 +331,7 @@ register(
         count=vectorize.count,
         run=lambda sdfg, where, options, device: vectorize.apply(sdfg, where, options),
         places=_each(vectorize.places),
+        options=("vector_len",),
         # DaCe's CUDA vector types have no math functions (abs, exp of a float4 do not compile), and CUDA kernels
         # already load whole warps' rows at once
         devices=("cpu",),
@@ -337,6 +350,7 @@ register(
         count=algebra.count,
         run=lambda sdfg, where, options, device: algebra.apply(sdfg, where, options),
         places=_each(algebra.places),
+        options=("form",),
         why_not=algebra.reasons,
     )
 )
@@ -370,6 +384,7 @@ register(
         count=tuners.tiling_count,
         run=lambda sdfg, where, options, device: tuners.tile(sdfg, where, options),
         places=_each(tuners.tiling_places),
+        options=("size", "dims"),
         why_not=tuners.tiling_reasons,
         # 16: a row of 16 floats is a 64-byte cache line, 16 x 16 a 1 KiB block; 64: 16 KiB, half of an L1 cache
         searched=({"size": 16}, {"size": 64}),
@@ -387,6 +402,7 @@ register(
         count=tuners.permutation_count,
         run=lambda sdfg, where, options, device: tuners.permute(sdfg, where, options),
         places=_each(tuners.permutation_places),
+        options=("order",),
         why_not=tuners.permutation_reasons,
         devices=("cpu",),
     )

@@ -38,6 +38,7 @@ from dace import dtypes
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
 
+from ..errors import check
 from ..names import readable
 from .algebra_rules import Candidate, Unsupported, calls, candidates, cast, statements, to_sympy
 
@@ -348,6 +349,5 @@ def reasons(sdfg: dace.SDFG, where, options: dict) -> list[str]:
 
 def _analysis(site: Site, options: dict) -> Analysis:
     form = options.get("form", "auto")
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {', '.join(FORMS)}, not {form!r}")
+    check(form in FORMS, f"simplify_algebra's form must be one of {', '.join(FORMS)}, not {form!r}")
     return analyze(site.tasklet.code.as_string, site.inputs, site.outputs, site.dtype, form)

@@ -73,8 +73,6 @@ def _extents(entry: nodes.MapEntry) -> list[int] | None:
 
 
 def _tiling_options(options: dict) -> tuple[int, int]:
-    unknown = set(options) - {"size", "dims"}
-    check(not unknown, f"map_tiling takes the options size and dims, not {', '.join(sorted(unknown))}")
     size, dims = options.get("size", TILE_SIZE), options.get("dims", TILE_DIMS)
     check(
         isinstance(size, int) and not isinstance(size, bool) and size >= 2,
@@ -153,8 +151,6 @@ def tiling_reasons(sdfg: dace.SDFG, where: Where, options: dict) -> list[str]:
 
 
 def _order(options: dict) -> tuple[int, ...] | None:
-    unknown = set(options) - {"order"}
-    check(not unknown, f"map_permutation takes the option order, not {', '.join(sorted(unknown))}")
     order = options.get("order")
     if order is None:
         return None
