@@ -125,6 +125,7 @@ struct Driver {
   Result (*set_current_context)(Context) = nullptr;
   Result (*stream_create)(Stream*, unsigned) = nullptr;
   Result (*begin_capture)(Stream, int) = nullptr;
+  Result (*is_capturing)(Stream, int*) = nullptr;  // status 0: CU_STREAM_CAPTURE_STATUS_NONE
   Result (*end_capture)(Stream, Graph*) = nullptr;
   Result (*instantiate)(GraphExec*, Graph, unsigned long long) = nullptr;
   Result (*launch)(GraphExec, Stream) = nullptr;
@@ -174,6 +175,7 @@ const Driver& driver() {
     bind(library, "cuCtxSetCurrent", d.set_current_context, d.error);
     bind(library, "cuStreamCreate", d.stream_create, d.error);
     bind(library, "cuStreamBeginCapture_v2", d.begin_capture, d.error);
+    bind(library, "cuStreamIsCapturing", d.is_capturing, d.error);
     bind(library, "cuStreamEndCapture", d.end_capture, d.error);
     bind(library, "cuGraphInstantiateWithFlags", d.instantiate, d.error);
     bind(library, "cuGraphLaunch", d.launch, d.error);
@@ -346,8 +348,12 @@ struct Binary {
       set_streams(state, stream);
       entry(state, pointers.data());
     };
-    // while PyTorch captures its own graph (torch.cuda.graph), the call goes into that graph as it is
-    if (graphs != nullptr && !cuda.isStreamCapturing(current) && graphs->launch(pointers, current.native_handle(), run))
+    // while PyTorch captures its own graph (torch.cuda.graph), the call goes into that graph as it is; asked of the
+    // driver: c10's DeviceGuardImplInterface has no isStreamCapturing before PyTorch 2.12
+    int capture = 0;
+    const bool capturing = graphs != nullptr && cu::driver().is_capturing(current.native_handle(), &capture) == 0 &&
+                           capture != 0;
+    if (graphs != nullptr && !capturing && graphs->launch(pointers, current.native_handle(), run))
       return;
     run(current.native_handle());
   }
