@@ -7,41 +7,22 @@ here, from the generated code.
 import os
 import pathlib
 import re
-import shutil
 import time
 
 import pytest
 import torch
-from dace.config import Config, temporary_config
 from torch import nn
 
 import dcnb
-from dcnb._src import build, cuda_check, timing
+from dcnb._src import cuda_check, timing
 from dcnb._src.views import render
 from dcnb._src.views.widget import SessionWidget
+from tests.cuda_sources import cuda_sources
 from tests.hf_models import MODELS
 from tests.models import Mish
 from tests.zoo import CASES, ZOO
 
 pytestmark = pytest.mark.compile
-
-
-def _cuda_sources(session: dcnb.Session, arch: str = "90", sdfgs: list | None = None) -> list[tuple[str, str]]:
-    """(host code, CUDA code) of the session's forward and backward (or of ``sdfgs``), built by nvcc for ``arch``
-    (the H100's by default: no GPU here to ask)."""
-    assert shutil.which("nvcc"), "nvcc belongs to the build environment"
-    # the SDFGs the session's actions transform, before the CPU build's passes made their maps host loops
-    if sdfgs is None:
-        sdfgs = [session._states[-1].sdfgs.forward, session._states[-1].sdfgs.backward]
-    with temporary_config():
-        Config.set("compiler", "cuda", "cuda_arch", value=arch)
-        built = build.build(sdfgs, "cuda")
-    sources = []
-    for binary in built.binaries:
-        src = pathlib.Path(binary._lib._library_filename).parents[1] / "src"
-        read = lambda folder: "".join(f.read_text() for f in sorted((src / folder).glob("*.c*")))
-        sources.append((read("cpu"), read("cuda")))
-    return sources
 
 
 def _program_body(host: str) -> str:
@@ -52,7 +33,7 @@ def _program_body(host: str) -> str:
 def test_the_fused_mish_builds_for_cuda_without_a_gpu():
     session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0)
     assert session.apply("tasklet_fusion").ok
-    for host, cuda in _cuda_sources(session):
+    for host, cuda in cuda_sources(session):
         assert "__global__" in cuda
         # on the binary's one stream, which each call sets to PyTorch's current one, and no host wait in a call
         launches = re.findall(r"cudaLaunchKernel\(.*\);", cuda)
@@ -66,7 +47,7 @@ def test_the_fused_mish_builds_for_cuda_without_a_gpu():
 def test_library_nodes_become_kernels():
     # Softmax's forward is one ONNX node and no map: it ran as host loops over device pointers (a segfault)
     session = dcnb.optimize(nn.Softmax(dim=-1), torch.randn(4, 8, 64), baselines=(), time_budget=0.0)
-    for host, cuda in _cuda_sources(session):
+    for host, cuda in cuda_sources(session):
         assert "__global__" in cuda and "for (" not in host
         # temporaries allocated once per loaded binary, not on every call
         assert "cudaMalloc" in host and "cudaMalloc" not in _program_body(host)
@@ -78,7 +59,7 @@ def test_layer_norm_and_accumulated_gradients_build_for_cuda():
     # and passed LayerNorm's scalar epsilon to a kernel by value where a pointer was needed
     module, inputs = CASES["mlp"].build()
     session = dcnb.optimize(module, *inputs, baselines=(), time_budget=0.0)
-    assert all("__global__" in cuda for _, cuda in _cuda_sources(session))
+    assert all("__global__" in cuda for _, cuda in cuda_sources(session))
 
 
 @pytest.mark.cuda
@@ -90,7 +71,7 @@ def test_the_zoo_builds_for_cuda(name, training):
     # each entry's naive step in its last mode (training where it has one: batch statistics, the loss's gradient)
     module, inputs = CASES[name].build()
     session = dcnb.optimize(module, *inputs, training=training, baselines=(), time_budget=0.0)
-    assert all("__global__" in cuda for _, cuda in _cuda_sources(session))
+    assert all("__global__" in cuda for _, cuda in cuda_sources(session))
 
 
 @pytest.mark.cuda
@@ -98,7 +79,7 @@ def test_the_zoo_builds_for_cuda(name, training):
 def test_the_hugging_face_models_build_for_cuda(model):
     module, inputs, kwargs = model.build()
     session = dcnb.optimize(module, *inputs, kwargs=kwargs, training=model.modes[-1], baselines=(), time_budget=0.0)
-    assert all("__global__" in cuda for _, cuda in _cuda_sources(session))
+    assert all("__global__" in cuda for _, cuda in cuda_sources(session))
 
 
 class PreNormBlock(nn.Module):

@@ -16,7 +16,7 @@ from torch import nn
 import dcnb
 from dcnb._src import actions
 from tests.compile.test_blas import _Batched
-from tests.compile.test_cuda_build import _cuda_sources
+from tests.cuda_sources import cuda_sources
 from tests.models import TinyMLP
 
 pytestmark = [pytest.mark.compile, pytest.mark.cuda]
@@ -33,7 +33,7 @@ def _session(module: nn.Module, *inputs: torch.Tensor) -> dcnb.Session:
 @pytest.mark.parametrize("arch", ARCHES)
 def test_linear_layers_call_cublas(arch):
     session = _session(TinyMLP(), torch.randn(8, 16))
-    (forward, forward_cuda), (backward, backward_cuda) = _cuda_sources(session, arch)
+    (forward, forward_cuda), (backward, backward_cuda) = cuda_sources(session, arch)
     assert forward.count("dcnb_gpu::gemm(") == 2 and backward.count("dcnb_gpu::gemm(") == 4
     for host, cuda in ((forward, forward_cuda), (backward, backward_cuda)):
         # on the stream of the binary's kernels, one handle per loaded binary
@@ -46,7 +46,7 @@ def test_linear_layers_call_cublas(arch):
 def test_batched_products_call_cublas():
     torch.manual_seed(0)
     session = _session(_Batched(), torch.randn(2, 5, 4))
-    for host, cuda in _cuda_sources(session, "90"):
+    for host, cuda in cuda_sources(session, "90"):
         assert "dcnb_gpu::gemm_batched(" in host
         assert "_BatchedMatMult_" not in cuda and "gemm_map" not in cuda
 
@@ -68,7 +68,7 @@ class _Convolutions(nn.Module):
 @pytest.mark.parametrize("arch", ARCHES)
 def test_convolutions_call_cudnn(arch):
     session = _session(_Convolutions(), torch.randn(2, 3, 16, 16))
-    (forward, forward_cuda), (backward, backward_cuda) = _cuda_sources(session, arch)
+    (forward, forward_cuda), (backward, backward_cuda) = cuda_sources(session, arch)
     assert forward.count("dcnb_gpu::Convolution ") == 3  # a state field each
     assert forward.count(".forward<float>(__state->dcnb_cudnn, __dace_current_stream") == 3
     # the gradients of the convolution without a bias; those with one stay on the loops (cuDNN's bias gradient
@@ -93,7 +93,7 @@ class _Pools(nn.Module):
 
 def test_pooling_calls_cudnn_where_it_computes_what_pytorch_does():
     session = _session(_Pools(), torch.randn(2, 3, 8, 8))
-    (forward, forward_cuda), (backward, backward_cuda) = _cuda_sources(session, "90")
+    (forward, forward_cuda), (backward, backward_cuda) = cuda_sources(session, "90")
     for host in (forward, backward):
         assert "CUDNN_POOLING_MAX_DETERMINISTIC" in host
         assert "CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING" in host
@@ -110,5 +110,5 @@ def test_auto_optimize_for_a_gpu_keeps_to_the_libraries_a_build_reaches():
     sdfgs = [copy.deepcopy(s) for s in (session._states[-1].sdfgs.forward, session._states[-1].sdfgs.backward)]
     for sdfg in sdfgs:
         actions.get("auto_optimize").run(sdfg, None, {}, "cuda")
-    (forward, _), (backward, _) = _cuda_sources(session, "90", sdfgs)
+    (forward, _), (backward, _) = cuda_sources(session, "90", sdfgs)
     assert "dcnb_gpu::gemm(" in forward and "dcnb_gpu::gemm(" in backward

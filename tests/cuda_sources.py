@@ -1,0 +1,27 @@
+"""The code a CUDA build generates, for tests that read it (with no GPU, nvcc still builds it)."""
+
+import pathlib
+import shutil
+
+from dace.config import Config, temporary_config
+
+import dcnb
+from dcnb._src import build
+
+
+def cuda_sources(session: dcnb.Session, arch: str = "90", sdfgs: list | None = None) -> list[tuple[str, str]]:
+    """(host code, CUDA code) of the session's forward and backward (or of ``sdfgs``), built by nvcc for ``arch``
+    (the H100's by default: no GPU here to ask)."""
+    assert shutil.which("nvcc"), "nvcc belongs to the build environment"
+    # the SDFGs the session's actions transform, before the CPU build's passes made their maps host loops
+    if sdfgs is None:
+        sdfgs = [session._states[-1].sdfgs.forward, session._states[-1].sdfgs.backward]
+    with temporary_config():
+        Config.set("compiler", "cuda", "cuda_arch", value=arch)
+        built = build.build(sdfgs, "cuda")
+    sources = []
+    for binary in built.binaries:
+        src = pathlib.Path(binary._lib._library_filename).parents[1] / "src"
+        read = lambda folder: "".join(f.read_text() for f in sorted((src / folder).glob("*.c*")))
+        sources.append((read("cpu"), read("cuda")))
+    return sources
