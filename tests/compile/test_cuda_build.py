@@ -283,3 +283,13 @@ def test_no_cuda_build_when_turned_off_or_without_nvcc(monkeypatch):
     assert step.cuda.text == "CUDA build: skipped (no nvcc)" and step.cuda.text in step.as_text()
     with pytest.raises(dcnb.InputError, match="cuda_arch 'sm_75' is not a CUDA architecture dcnb builds for"):
         dcnb.optimize(module, x, cuda_arch="sm_75")
+
+
+@pytest.mark.cuda
+def test_a_max_over_rows_builds_for_cuda_after_auto_optimize():
+    # DaCe's GPUAuto reduction loads float4 vectors and reduced them with max, which CUDA's float4 lacks: "no operator
+    # ">" matches these operands" (a BERT-mini layer's softmax)
+    session = dcnb.optimize(nn.Softmax(dim=-1), torch.randn(4, 8, 64), baselines=(), time_budget=0.0, cuda_build=True)
+    step = session.apply("auto_optimize")
+    assert step.ok, step.error
+    assert _ended(step).state == "ok", (step.cuda.text, step.cuda.log and step.cuda.log[-2000:])

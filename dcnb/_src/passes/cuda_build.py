@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dace
 from dace import data as dt
+from dace.frontend.operations import detect_reduction_type
 from dace.libraries.standard import Reduce
+from dace.libraries.standard.reduction_planner import get_reduction_schedule
 from dace.sdfg import nodes
 from dace.sdfg.scope import is_devicelevel_gpu
 from dace.sdfg.utils import get_view_edge
@@ -98,19 +100,23 @@ def _one_element(desc: dt.Scalar, transient: bool) -> dt.Array:
 
 
 def plannable_reductions(sdfg: dace.SDFG) -> int:
-    """A reduction set to DaCe's GPUAuto expansion (auto_optimize's choice on a GPU) that reduces only axes of
-    length one takes the "pure" expansion, a copy; returns how many.
+    """A reduction set to DaCe's GPUAuto expansion (auto_optimize's choice on a GPU) that it cannot plan or
+    generate takes the "pure" expansion (a map whose writes reduce); returns how many.
 
     gap: GPUAuto leaves the reduced axes of length one out and then plans with the first of those left: ConvNet's
     BatchNorm backward after auto_optimize (a variance's gradient summed over its 1x1 broadcast) did not generate
-    ("list index out of range")."""
+    ("list index out of range"). And where it loads vectors it reduces them with the reduction's C++ operator,
+    which CUDA's float4 has for sums only: a max over rows (softmax's) did not compile ("no operator ">" matches")."""
     turned = 0
     for node, state in sdfg.all_nodes_recursive():
         if not (isinstance(node, Reduce) and node.implementation == "GPUAuto"):
             continue
-        subset = state.in_edges(node)[0].data.subset
+        edge = state.in_edges(node)[0]
+        subset = edge.data.subset
         axes = range(subset.dims()) if node.axes is None else node.axes
-        if all(subset.size()[a] == 1 for a in axes):
+        left = [a for a in axes if subset.size()[a] != 1]
+        is_sum = detect_reduction_type(node.wcr) == dace.dtypes.ReductionType.Sum
+        if not left or not is_sum and get_reduction_schedule(state.sdfg.arrays[edge.data.data], left).vectorize:
             node.implementation = "pure"
             turned += 1
     return turned
