@@ -55,6 +55,13 @@ def parallel_for(collapse: int = 1) -> str:
     return f"#if defined(_OPENMP) && !defined(__CUDA_ARCH__)\n#pragma omp parallel for{clause}\n#endif\n"
 
 
+def simd(sums: tuple[str, ...] = ()) -> str:
+    """A pragma vectorizing the loop after it, adding into each of ``sums`` in vector lanes (the order of the
+    additions changes, their precision does not); nothing in code built for a GPU."""
+    clause = f" reduction(+: {', '.join(sums)})" if sums else ""
+    return f"#if defined(_OPENMP) && !defined(__CUDA_ARCH__)\n#pragma omp simd{clause}\n#endif\n"
+
+
 def cpp_tasklet(sdfg: dace.SDFG, label: str, inputs: list[str], outputs: list[str], body: str) -> dace.SDFGState:
     """Add a state to ``sdfg`` running ``body`` (C++) over its arrays, each reachable in ``body`` as a pointer
     of its own name; returns it."""

@@ -14,7 +14,7 @@ from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 
-from .cpp import cpp_backward, cpp_expansion, forward_in, forward_out, loops, offset, parallel_for
+from .cpp import cpp_backward, cpp_expansion, forward_in, forward_out, loops, offset, parallel_for, simd
 from .programs import parsed
 from .registry import default_backward, pure_expansion
 
@@ -113,7 +113,9 @@ def _batch_norm_backward(channel: _Channel, eps: float, wanted: list[str], train
         body = f"const double mean = input_mean[_c], inv_std = 1.0 / sqrt((double)input_var[_c] + {eps!r});\n"
         body += "double s_dy = 0, s_dyx = 0;\n"
         if "scale" in wanted or "B" in wanted:
-            body += channel.over_elements("const double dy = Y_grad[_o]; s_dy += dy; s_dyx += dy * (X[_i] - mean);")
+            body += channel.over_elements(
+                "const double dy = Y_grad[_o]; s_dy += dy; s_dyx += dy * (X[_i] - mean);", sums=("s_dy", "s_dyx")
+            )
     body += "const double sum_dy_x_hat = inv_std * s_dyx;\n"
     if "scale" in wanted:
         body += "scale_grad[_c] = sum_dy_x_hat;\n"
@@ -147,9 +149,13 @@ class _Channel:
     def over_channels(self, body: str) -> str:
         return parallel_for() + f"for (long long _c = 0; _c < {self.channels}; ++_c) {{\n{body}}}\n"
 
-    def over_elements(self, code: str, before: str = "") -> str:
+    def over_elements(self, code: str, before: str = "", sums: tuple[str, ...] = ()) -> str:
+        """``code`` for each element, the innermost loop vectorized: without the pragma a sum into a double
+        (``sums``) is a chain of dependent additions, and the compiler vectorizes neither it nor the loop."""
         head, tail = self._loops
-        return before + head + code.replace("[_i]", f"[{self._x}]").replace("[_o]", f"[{self._y}]") + "\n" + tail
+        outer, innermost = head.rsplit("for (", 1)
+        code = code.replace("[_i]", f"[{self._x}]").replace("[_o]", f"[{self._y}]")
+        return before + outer + simd(sums) + "for (" + innermost + code + "\n" + tail
 
     def statistics(self, eps: float, dy: bool = False) -> str:
         """Declare the channel's ``mean``, ``var`` and ``inv_std``; with ``dy``, also ``s_dy`` (the sum of Y's
@@ -158,14 +164,17 @@ class _Channel:
         if self._one_pass:
             terms = "const double x = X[_i]; s_x += x; s_xx += x * x;"
             terms += " const double dy = Y_grad[_o]; s_dy += dy; s_dyx += dy * x;" if dy else ""
-            body = "double s_x = 0, s_xx = 0, s_dy = 0, s_dyx = 0;\n" + self.over_elements(terms)
+            sums = ("s_x", "s_xx", "s_dy", "s_dyx") if dy else ("s_x", "s_xx")
+            body = "double s_x = 0, s_xx = 0, s_dy = 0, s_dyx = 0;\n" + self.over_elements(terms, sums=sums)
             body += f"const double mean = s_x / {n}, raw = s_xx / {n} - mean * mean, var = raw > 0 ? raw : 0;\n"
             body += "s_dyx -= mean * s_dy;\n" if dy else ""
         else:
             first = "s_x += X[_i];" + (" s_dy += Y_grad[_o];" if dy else "")
             second = "const double d = X[_i] - mean; s_xx += d * d;" + (" s_dyx += Y_grad[_o] * d;" if dy else "")
-            body = "double s_x = 0, s_xx = 0, s_dy = 0, s_dyx = 0;\n" + self.over_elements(first)
-            body += self.over_elements(second, f"const double mean = s_x / {n};\n")
+            body = "double s_x = 0, s_xx = 0, s_dy = 0, s_dyx = 0;\n"
+            body += self.over_elements(first, sums=("s_x", "s_dy") if dy else ("s_x",))
+            mean = f"const double mean = s_x / {n};\n"
+            body += self.over_elements(second, mean, ("s_xx", "s_dyx") if dy else ("s_xx",))
             body += f"const double var = s_xx / {n};\n"
         return body + f"const double inv_std = 1.0 / sqrt(var + {eps!r});\n"
 
