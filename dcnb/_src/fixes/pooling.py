@@ -23,7 +23,7 @@ from .cpp import (
     kept_nested,
     loops,
     offset,
-    zero,
+    parallel_for,
 )
 from .library_nodes import (
     backward_node,
@@ -60,14 +60,29 @@ def _average_pool_applies(node, x: dt.Data) -> bool:
     )
 
 
-def _average_pool_loops(node, x: dt.Data, y: dt.Data, inner: str) -> str:
+def _planes(y: dt.Data, out: list[str], plane: str) -> tuple[str, str]:
+    """Loops over each image plane (b, c) of ``y``, spread over the threads (no window reaches another plane),
+    running ``plane`` once for each (a plane's zeroing), then over its output elements ``out``."""
+    head, tail = loops(["b", "c"], y.shape[:2])
+    inner_head, inner_tail = loops(out, y.shape[2:])
+    return parallel_for(collapse=2) + head + plane + inner_head, inner_tail + tail
+
+
+def _zero_plane(name: str, desc: dt.Data) -> str:
+    """C++ zeroing the plane (b, c) of ``name``."""
+    spatial = _spatial("__z", len(desc.shape) - 2)
+    head, tail = loops(spatial, desc.shape[2:])
+    return head + f"{at(name, desc, ['b', 'c', *spatial])} = 0;\n" + tail
+
+
+def _average_pool_loops(node, x: dt.Data, y: dt.Data, inner: str, plane: str = "") -> str:
     """C++ visiting every (output element, input element of its window): ``inner`` sees ``xi``, ``yi`` and
     ``count``, the divisor PyTorch uses (the window clipped to the padded image, or only its part inside the
-    image)."""
+    image); ``plane`` runs once per plane before its windows."""
     kernel, strides, pads, _ = _pool_window(node, x)
     rank = len(x.shape) - 2
     out, image = _spatial("o", rank), _spatial("i", rank)
-    head, tail = loops(["b", "c", *out], y.shape)
+    head, tail = _planes(y, out, plane)
     body = head
     for d, (o, size) in enumerate(zip(out, x.shape[2:])):
         body += (
@@ -117,14 +132,14 @@ def _max_pool_applies(node, state, x: dt.Data) -> bool:
     return "Indices" not in outputs and len(x.shape) >= 3 and node.auto_pad == "NOTSET" and not node.storage_order
 
 
-def _argmax_loops(node, x: dt.Data, y: dt.Data, use: str) -> str:
+def _argmax_loops(node, x: dt.Data, y: dt.Data, use: str, plane: str = "") -> str:
     """C++ finding, for every output element, ``best``: the offset into ``x`` of the element PyTorch picks in its
     window (the first maximum, or the last NaN), -1 where the window holds none; ``use`` sees ``best``, ``top``
-    and the output element ``b, c, o0..``."""
+    and the output element ``b, c, o0..``; ``plane`` runs once per plane before its windows."""
     kernel, strides, pads, dilations = _pool_window(node, x)
     rank = len(x.shape) - 2
     out, window, image = _spatial("o", rank), _spatial("k", rank), _spatial("i", rank)
-    head, tail = loops(["b", "c", *out], y.shape)
+    head, tail = _planes(y, out, plane)
     window_head, window_tail = loops(window, kernel)
     positions = "".join(
         f"const long long {i} = {o} * {s} - {p} + {k} * {d};\n"
@@ -196,7 +211,7 @@ def _pooling_loops(pooling, state, sdfg) -> dace.SDFG:
     if "Y" in arrays:
         x, y = arrays["X"], arrays["Y"]
         if pooling.mode == "average":
-            body = zero("Y", y) + _average_pool_loops(pooling, x, y, "Y[yi] += X[xi] / count;\n")
+            body = _average_pool_loops(pooling, x, y, "Y[yi] += X[xi] / count;\n", _zero_plane("Y", y))
         else:
             y_at = at("Y", y, ["b", "c", *_spatial("o", len(y.shape) - 2)])
             # the element read before choosing with it (fixes/cpp.py: GCC's masked loads)
@@ -205,10 +220,11 @@ def _pooling_loops(pooling, state, sdfg) -> dace.SDFG:
         return loops_on_gpu(pooling, state, sdfg, cpp_expansion(pooling, state, sdfg, body))
     x, y = arrays["X_grad"], arrays["Y_grad"]
     if pooling.mode == "average":
-        body = zero("X_grad", x) + _average_pool_loops(pooling, x, y, "X_grad[xi] += Y_grad[yi] / count;\n")
+        body = _average_pool_loops(pooling, x, y, "X_grad[xi] += Y_grad[yi] / count;\n", _zero_plane("X_grad", x))
     else:
         dy = at("Y_grad", y, ["b", "c", *_spatial("o", len(y.shape) - 2)])
-        body = zero("X_grad", x) + _argmax_loops(pooling, arrays["X"], y, f"if (best >= 0) X_grad[best] += {dy};\n")
+        scatter = f"if (best >= 0) X_grad[best] += {dy};\n"
+        body = _argmax_loops(pooling, arrays["X"], y, scatter, _zero_plane("X_grad", x))
     return loops_on_gpu(pooling, state, sdfg, cpp_expansion(pooling, state, sdfg, body))
 
 
