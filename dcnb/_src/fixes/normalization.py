@@ -130,6 +130,12 @@ def _batch_norm_backward(channel: _Channel, eps: float, wanted: list[str], train
     return body
 
 
+def _dense_image(desc: dt.Data) -> bool:
+    """Whether an (N, C, spatial...) array's images are each one run of elements, its last axis's stride apart."""
+    shape, strides = [int(n) for n in desc.shape], [int(n) for n in desc.strides]
+    return all(strides[d] == strides[-1] * math.prod(shape[d + 1 :]) for d in range(2, len(shape)))
+
+
 class _Channel:
     """C++ over one channel of a BatchNormalization's input ``x`` (N, C, spatial...) and output ``y``, the channels
     spread over the threads: ``[_i]`` indexes an element of X (and of its gradient), ``[_o]`` of Y (and of its
@@ -138,10 +144,17 @@ class _Channel:
     def __init__(self, x: dt.Data, y: dt.Data):
         self.channels = int(x.shape[1])
         self.count = math.prod(int(s) for i, s in enumerate(x.shape) if i != 1)
-        others = ["_n"] + [f"_s{i}" for i in range(len(x.shape) - 2)]
-        self._loops = loops(others, [x.shape[0], *x.shape[2:]])
-        index = [others[0], "_c", *others[1:]]
-        self._x, self._y = offset(x, index), offset(y, index)
+        spatial = [int(n) for n in x.shape[2:]]
+        if len(spatial) > 1 and _dense_image(x) and _dense_image(y):
+            # one loop over an image's elements: 7x7 images (EfficientNet's last blocks) left loops of 7 to vectorize
+            self._loops = loops(["_n", "_s"], [x.shape[0], math.prod(spatial)])
+            at_s = "(_n) * {} + (_c) * {} + (_s) * {}"
+            self._x, self._y = (at_s.format(d.strides[0], d.strides[1], d.strides[-1]) for d in (x, y))
+        else:
+            others = ["_n"] + [f"_s{i}" for i in range(len(spatial))]
+            self._loops = loops(others, [x.shape[0], *spatial])
+            index = [others[0], "_c", *others[1:]]
+            self._x, self._y = offset(x, index), offset(y, index)
         # float32 terms summed in double may be summed raw (sum x, sum x * x) in one pass; float64 ones would
         # cancel in it, and take a second pass over the values centered
         self._one_pass = x.dtype != dace.float64
