@@ -1,5 +1,6 @@
 """Convolutions on the CPU call PyTorch's own kernels (dcnb/_src/torch_kernels.py, fixes/conv.py), forward and
-backward, where the bridge builds; depthwise ones keep dcnb's loops, and ``DCNB_CONV=loops`` keeps them all.
+backward, where the bridge builds; depthwise ones keep dcnb's loops, 1x1 ones its matrix product, and
+``DCNB_CONV=loops`` keeps them all.
 
 Without the bridge a convolution of one group is im2col and a BLAS product, a grouped one C++ loops: 4.3x and 7.7x
 eager's time forward+backward at 8x64x56x56. Every step checks outputs and gradients against PyTorch; the tests
@@ -28,7 +29,7 @@ def _sources(session) -> str:
 
 
 class _Block(nn.Module):
-    """A strided convolution with a bias, a grouped one, a depthwise one, BatchNorm and ReLU."""
+    """A strided convolution with a bias, a grouped one, a depthwise one, BatchNorm, ReLU and a 1x1 one."""
 
     def __init__(self):
         super().__init__()
@@ -36,9 +37,10 @@ class _Block(nn.Module):
         self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2, bias=False)
         self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
         self.norm = nn.BatchNorm2d(8)
+        self.pointwise = nn.Conv2d(8, 4, 1, bias=False)
 
     def forward(self, x):
-        return self.depthwise(torch.relu(self.norm(self.grouped(self.stem(x)))))
+        return self.pointwise(self.depthwise(torch.relu(self.norm(self.grouped(self.stem(x))))))
 
 
 def _session(training: bool):
@@ -49,17 +51,18 @@ def _session(training: bool):
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
-def test_convolutions_call_pytorch_s_kernels_and_depthwise_ones_dcnb_s_loops(training):
+def test_convolutions_call_pytorch_s_kernels_and_depthwise_and_1x1_ones_dcnb_s_code(training):
     assert torch_kernels.library() is not None, "the bridge to PyTorch's convolutions did not build"
     session = _session(training)
     step = session.current
     assert step.ok and step.check.ok, step.error
-    assert {"grad x", "grad stem.weight", "grad stem.bias", "grad grouped.weight", "grad depthwise.weight"} <= set(
-        step.check.errors
-    )
+    weights = {f"grad {name}.weight" for name in ("stem", "grouped", "depthwise", "pointwise")}
+    assert {"grad x", "grad stem.bias", *weights} <= set(step.check.errors)
     code = _sources(session)
-    # the stem's and the grouped convolution's forward and backward; the depthwise one's stays loops
+    # the stem's and the grouped convolution's forward and backward; the depthwise one's stays loops, and the 1x1
+    # one's a BLAS product
     assert code.count("dcnb_torch_conv(") == 2 and code.count("dcnb_torch_conv_backward(") == 2
+    assert "cblas_sgemm" in code
 
 
 def test_dcnb_conv_loops_keeps_dcnb_s_own_convolutions(monkeypatch):
