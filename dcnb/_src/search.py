@@ -470,13 +470,12 @@ def _replay(session: Session, recipe: tuple[Entry, ...]) -> tuple[list[Step], st
 
 def _matching(session: Session, state: _State, wanted: list[Entry]) -> list[Entry]:
     """The entries of ``wanted`` whose action matches somewhere in ``state``, in ``wanted``'s order."""
-    from .session import _safe_count, _sides
+    from .session import _safe_count, _targets
 
     found = []
     for entry in wanted:
         action = actions.get(entry.name)
-        targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
-        if sum(_safe_count(action, s, entry.where, entry.options) for s in targets):
+        if sum(_safe_count(action, s, entry.where, entry.options) for s in _targets(action, state)):
             found.append(entry)
     return found
 
@@ -533,12 +532,11 @@ def _entries(session: Session, given: Sequence[str | dict[str, Any]] | None) -> 
 def _check_options(session: Session, action: actions.Action, entry: Entry) -> None:
     """Raise DcnbError where ``entry``'s options are not the action's or not of its values: each candidate would
     fail on them, and its matching, which is asked first, would leave the entry out without a word."""
-    from .session import _sides
+    from .session import _targets
 
-    state = session._states[-1]
     try:
         action.check_options(entry.options)
-        for target in [state.pre] if action.before_autodiff else _sides(state.sdfgs):
+        for target in _targets(action, session._states[-1]):
             action.count(target, entry.where, entry.options)
     except StepError as e:
         raise DcnbError(f"search's actions: {e}") from e

@@ -329,7 +329,7 @@ class Session:
                 continue
             at = self._places(action, where)
             if at is None:
-                targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
+                targets = _targets(action, state)
                 matches = sum(_safe_count(action, s, where, {}) for s in targets)
             else:
                 matches = len(at)
@@ -351,7 +351,7 @@ class Session:
         if action.places is None:
             return None
         state = self._states[-1]
-        targets = [state.pre] if action.before_autodiff else _sides(state.sdfgs)
+        targets = _targets(action, state)
         found = []
         for side, sdfg, shown in zip(("forward", "backward"), targets, state.compiled):
             try:
@@ -798,6 +798,11 @@ def _build_order(prog: Program) -> tuple[dace.SDFG | None, dace.SDFG]:
 def _sides(prog: Program) -> list[dace.SDFG]:
     """The forward SDFG, and the backward where there is one."""
     return [s for s in (prog.forward, prog.backward) if s is not None]
+
+
+def _targets(action: actions.Action, state: _State) -> list[dace.SDFG]:
+    """The SDFGs ``action`` transforms in ``state``: the forward before autodiff, else its sides."""
+    return [state.pre] if action.before_autodiff else _sides(state.sdfgs)
 
 
 def _run(action: actions.Action, sdfg: dace.SDFG, applied: Entry, device: str, strict: bool = True) -> int:
