@@ -348,13 +348,13 @@ struct Binary {
       set_streams(state, stream);
       entry(state, pointers.data());
     };
-    // while PyTorch captures its own graph (torch.cuda.graph), the call goes into that graph as it is; asked of the
-    // driver: c10's DeviceGuardImplInterface has no isStreamCapturing before PyTorch 2.12
-    int capture = 0;
-    const bool capturing = graphs != nullptr && cu::driver().is_capturing(current.native_handle(), &capture) == 0 &&
-                           capture != 0;
-    if (graphs != nullptr && !capturing && graphs->launch(pointers, current.native_handle(), run))
-      return;
+    if (graphs != nullptr) {
+      // while PyTorch captures its own graph (torch.cuda.graph), the call goes into that graph as it is; asked of
+      // the driver: c10's DeviceGuardImplInterface has no isStreamCapturing before PyTorch 2.12
+      int capture = 0;
+      const bool capturing = cu::driver().is_capturing(current.native_handle(), &capture) == 0 && capture != 0;
+      if (!capturing && graphs->launch(pointers, current.native_handle(), run)) return;
+    }
     run(current.native_handle());
   }
 };
