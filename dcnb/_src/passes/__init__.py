@@ -63,6 +63,7 @@ CPU_BUILD = (
     Pass(lifetimes.scratch_once_per_binary),
     Pass(vecmath.install),
     Pass(schedule.apply),
+    Pass(schedule.iteration_sums),
     Pass(schedule.own_element_sums),
 )
 
@@ -74,6 +75,8 @@ CUDA_BUILD = (
     Pass(lifetimes.persistent_gpu_transients),
     Pass(lifetimes.zeroed_transients_per_call),
     Pass(cuda_build.no_state_syncs),
+    # after persistent_gpu_transients: DaCe's make_transients_persistent makes every sum on a GPU atomic again
+    Pass(schedule.iteration_sums),
 )
 
 BUILD = {"cpu": CPU_BUILD, "cuda": CUDA_BUILD}
