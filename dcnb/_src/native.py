@@ -102,7 +102,7 @@ def cuda_launch(binary: CompiledSDFG) -> tuple[int, bool]:
     """How native.cpp calls a CUDA binary: the address of its ``__dace_gpu_set_all_streams`` where every launch and
     copy goes to the streams it is given (0 where some go to the legacy default stream: DaCe's
     ``max_concurrent_streams = -1``), and whether its calls can be captured into CUDA graphs: not where a call waits
-    for its own work on the host (DaCe ends a state with its streams' synchronization), which capture forbids."""
+    for its own work on the host or allocates (``_BLOCKING``), which capture forbids."""
     set_streams = binary.get_exported_function("__dace_gpu_set_all_streams")
     if set_streams is None:
         return 0, False
@@ -112,9 +112,32 @@ def cuda_launch(binary: CompiledSDFG) -> tuple[int, bool]:
     calls = re.findall(r"\b(?:cudaLaunchKernel|cuda\w+Async)\((.*)\);", code["cpu"] + code["cuda"])
     if any(call.rstrip(") ").rsplit(",", 1)[-1].strip() in ("nullptr", "0", "NULL") for call in calls):
         return 0, False
-    body = re.search(r"void __program_\w+_internal\(.*?\n}\n", code["cpu"], re.DOTALL)
-    capturable = body is not None and "Synchronize(" not in body.group(0)
+    call = _without_functions(code["cpu"] + code["cuda"], ("__dace_init", "__dace_exit"))
+    capturable = _BLOCKING.search(call) is None
     return ctypes.cast(set_streams, ctypes.c_void_p).value, capturable and graphs()
+
+
+# what a call must not do while it is captured: wait on the host, allocate or free, or set or copy memory on the
+# legacy stream. DaCe's nested SDFGs (a Reduce's or a transpose's expansion) end with a stream synchronization, and
+# an accumulator that starts at zero is allocated and zeroed per call: captured, a cuBLAS call beside them failed
+# and left a product's gradient reading freed memory on an H100
+_BLOCKING = re.compile(r"\bcuda(?:\w*Synchronize|Malloc|Free|(?:Memset|Memcpy)(?:2D|3D)?)\(")
+
+
+def _without_functions(code: str, prefixes: tuple[str, ...]) -> str:
+    """``code`` less the bodies of the functions whose names start with one of ``prefixes`` (those run at load and
+    unload, never in a call)."""
+    kept, at = [], 0
+    for match in re.finditer(rf"\b(?:{'|'.join(prefixes)})\w*\([^;{{]*?\)\s*{{", code):
+        if match.start() < at:
+            continue
+        depth, end = 1, match.end()
+        while depth and end < len(code):
+            depth += {"{": 1, "}": -1}.get(code[end], 0)
+            end += 1
+        kept.append(code[at : match.start()])
+        at = end
+    return "".join(kept) + code[at:]
 
 
 @functools.cache

@@ -11,6 +11,7 @@ from dace.config import Config, temporary_config
 
 import dcnb
 from dcnb._src import build, native
+from tests.compile.test_blas import _Batched
 from tests.models import Mish
 
 pytestmark = pytest.mark.compile
@@ -57,3 +58,17 @@ def test_cuda_builds_launch_on_the_stream_they_are_given_and_can_be_captured():
     for binary in built.binaries:
         set_streams, capturable = native.cuda_launch(binary)
         assert set_streams != 0 and capturable
+
+
+def test_a_cuda_build_that_waits_or_allocates_in_a_call_is_not_captured():
+    # a batched product's backward allocates and zeroes an accumulator per call, and DaCe's transpose expansion ends
+    # with a stream synchronization: captured anyway, its cuBLAS calls failed and its gradient read freed memory on
+    # an H100. Such a binary is called as it is, never captured
+    session = dcnb.optimize(_Batched(), torch.randn(2, 5, 4), baselines=(), time_budget=0.0)
+    sdfgs = session._states[-1].sdfgs
+    with temporary_config():
+        Config.set("compiler", "cuda", "cuda_arch", value="90")
+        built = build.build([sdfgs.forward, sdfgs.backward], "cuda")
+    for binary in built.binaries:
+        set_streams, capturable = native.cuda_launch(binary)
+        assert set_streams != 0 and not capturable
