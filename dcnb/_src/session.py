@@ -418,7 +418,8 @@ class Session:
         end, the ``beam`` best of each length kept, up to ``depth`` actions long, until ``budget`` seconds are
         spent (a candidate begun is finished). Every candidate is built, checked and timed as a step is, but kept
         out of the history; ``objective`` "time" ranks by dcnb's time over eager's, "memory" by the intermediate
-        bytes, then time; ties are broken by ``random.Random(seed)``. The best becomes ordinary steps (``apply``
+        bytes, then time; ties are broken by ``random.Random(seed)``. On time, the few best and the start are timed
+        again together at the end, and the fastest there is the best. The best becomes ordinary steps (``apply``
         for each of its entries); the result holds every candidate tried, failed ones with their reason.
 
         The next candidates are transformed and their compiles started while one is checked and timed; where they

@@ -221,6 +221,18 @@ class Baselines:
         notes.extend(noise(timings, load=load_average(), cores=os.cpu_count()))
         return timings, tuple(notes)
 
+    def time_together(self, candidates: dict[str, nn.Module]) -> dict[str, Timing]:
+        """Time ``candidates`` (compiled modules, by name) and eager, as "torch", in one interleaved run within the
+        budget (at least 3 rounds): ratios that each come from a run of their own are minutes apart on a machine
+        whose load moves, and these are not. Each candidate is warmed up once (its binary ran long ago)."""
+        module = self._reference.module
+        calls = {name: self.call(fn) for name, fn in {**candidates, "torch": module}.items()}
+        warmup = {name: 0 if name in self._warmed else 1 for name in calls}
+        with verify.preserved(module):
+            timings = interleaved(calls, budget_s=self._budget_s, warmup=warmup, min_runs=3, sync=self._sync)
+        self._warmed.add("torch")
+        return timings
+
     def call(self, fn: Callable[..., object]) -> Callable[[], None]:
         """A call of ``fn`` on copies of the example inputs, backpropagating the reference's upstream gradients
         where there is a backward: what a step and each baseline are timed by."""

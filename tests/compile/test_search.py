@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import dcnb
-from dcnb._src import build, events, forked, timing
+from dcnb._src import build, events, forked, search, timing
 from tests.models import Mish
 
 pytestmark = pytest.mark.compile
@@ -196,3 +196,16 @@ def test_compiles_here_run_while_a_candidate_is_checked_and_pause_while_it_is_ti
     # stopped, ended, or inside the kernel (D: writing the build to disk) with the stop taking effect as it leaves:
     # on no core either way
     assert all(state in "TtZD" for states in during for state in states), during
+
+
+def test_the_best_on_time_is_the_fastest_of_the_finalists_timed_together(cache):
+    # each candidate's ratio comes from a timing run of its own, minutes apart at full size on a machine whose load
+    # moves: the best few and the start are timed again in one interleaved run, and the fastest there wins
+    result = _session().search(60, objective="time", actions=ACTIONS, beam=1, depth=1, seed=0)
+    together = {c.index: c.together for c in result.candidates if c.together is not None}
+    assert 0 in together and 2 <= len(together) <= search.FINALISTS + 1, together
+    assert all(r > 0 for r in together.values())
+    assert result.best.together == min(together.values())
+    assert result.to_dict()["candidates"][result.best.index]["together"] == result.best.together
+    if result.best.index != 0:
+        assert "timed together" in result.summary()
