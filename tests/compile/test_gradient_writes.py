@@ -114,3 +114,53 @@ def test_a_gradient_a_nested_backward_alone_writes_whole_is_written_in_place():
     backward = session._states[-1].sdfgs.backward
     maps = [n.label for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.MapEntry)]
     assert not [label for label in maps if label.startswith("accumulate_")], maps
+
+
+class _Skip(torch.nn.Module):
+    """A residual block: the input's gradient is the sum's gradient plus the branch's."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        h = torch.relu(x)
+        return torch.relu(self.norm(self.conv(h)) + h)
+
+
+def test_an_accumulator_s_first_writer_writes_and_the_others_add():
+    # the sum's backward writes h's gradient whole before the branch's part is added in: zeroed first and both
+    # added, ResNet-50's backward spent 5% of its time zeroing and copying
+    torch.manual_seed(0)
+    session = dcnb.optimize(_Skip().train(), torch.randn(2, 4, 8, 8), training=True, baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    backward = session._states[-1].sdfgs.backward
+    [(node, state)] = [
+        (n, s) for n, s in backward.all_nodes_recursive()
+        if isinstance(n, nodes.AccessNode) and n.data == "gradient_SLASHRelu_output_0"
+    ]
+    writes = [state.memlet_path(e)[0].data.wcr is None for e in state.in_edges(node)]
+    assert not node.setzero and sorted(writes) == [False, True], writes
+    zeroing = [n.label for n, _ in session.backward_sdfg.all_nodes_recursive() if isinstance(n, nodes.MapEntry)]
+    assert not [label for label in zeroing if label.startswith("zero_gradient")], zeroing
+
+
+class _SquareOfDifference(torch.nn.Module):
+    def forward(self, x):
+        h = x - 1.0
+        return h * h
+
+
+def test_two_parts_from_one_writer_keep_their_zeroed_accumulator():
+    # h * h's backward adds both factors' parts into h's gradient from one map, in no order between them: neither
+    # is a first writer (made one, a standardized convolution's weight gradient was off by 4e7)
+    torch.manual_seed(0)
+    session = dcnb.optimize(_SquareOfDifference(), torch.randn(4, 8, 16), baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    backward = session._states[-1].sdfgs.backward
+    [(node, state)] = [
+        (n, s) for n, s in backward.all_nodes_recursive()
+        if isinstance(n, nodes.AccessNode) and n.data == "gradient_SLASHSub_output_0"
+    ]
+    assert state.in_degree(node) == 2 and node.setzero
+    assert all(state.memlet_path(e)[0].data.wcr is not None for e in state.in_edges(node))
