@@ -164,3 +164,18 @@ def test_two_parts_from_one_writer_keep_their_zeroed_accumulator():
     ]
     assert state.in_degree(node) == 2 and node.setzero
     assert all(state.memlet_path(e)[0].data.wcr is not None for e in state.in_edges(node))
+
+
+def test_a_sum_s_inputs_read_its_gradient_instead_of_copies():
+    # autodiff copies a sum's gradient into a gradient of each input: the branch's (the norm's output's, which
+    # nothing else writes) is read where it is; the skip's stays the accumulator the branch's part is added into
+    torch.manual_seed(0)
+    session = dcnb.optimize(_Skip().train(), torch.randn(2, 4, 8, 8), training=True, baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    backward = session._states[-1].sdfgs.backward
+    assert "gradient_SLASHnormSLASHBatchNormalization_output_0" not in backward.arrays
+    [norm] = [n for n, s in backward.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG) and "norm" in n.label]
+    state = next(s for n, s in backward.all_nodes_recursive() if n is norm)
+    assert "gradient_SLASHAdd_output_0" in {e.data.data for e in state.in_edges(norm)}
+    [add] = [n for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.Tasklet) and "Add" in n.label]
+    assert set(add.out_connectors) == {"__in2_gradient"}, add.code.as_string
