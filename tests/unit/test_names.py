@@ -288,12 +288,12 @@ def test_what_autodiff_makes_reads_as_the_backward_of_the_op_it_reverses():
         for n, s in backward.all_nodes_recursive()
         if s.sdfg is backward and isinstance(n, nodes.Tasklet) and names.generic(n.label)
     ]
-    assert len(reversed_) > 5 and all(n.label.endswith("_reverse_") for n, _ in reversed_)
+    assert len(reversed_) > 2 and all(n.label.endswith("_reverse_") for n, _ in reversed_)
     for node, state in reversed_:
         # the op whose output's gradient it reads
         (read,) = [e.data.data for e in state.in_edges(node) if e.data.data.startswith("gradient_")]
         assert named[node].op == f"{names.origin(read, 'TransformerEncoderLayer').op} (backward)"
-    expected = {"linear1 · Add (backward)", "TransformerEncoderLayer · Add (backward)"}
+    expected = {"TransformerEncoderLayer · Add (backward)"}  # (linear1's bias add passes its gradient on as it is)
     assert expected <= {named[n].name for n, _ in reversed_}
     # what a backward rule holds, inside its nested SDFG, is of the rule's op
     (rule,) = [n for n, _ in _top_level(backward) if n.label == "SLASHnorm1SLASHLayerNormalization_backward"]

@@ -54,6 +54,7 @@ AFTER_AUTODIFF = (
     Pass(gradient_writes.write_gradients_once, ("backward",)),
     Pass(gradient_writes.write_accumulators_once, ("backward",)),
     Pass(after_autodiff.shared_gradients, ("backward",)),
+    Pass(after_autodiff.copied_sums, ("backward",)),
     Pass(after_autodiff.stable_state_labels, ("backward",)),
 )
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import collections
 import math
 import re
 
 import dace
+import networkx as nx
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
@@ -254,8 +256,6 @@ def shared_gradients(sdfg: dace.SDFG) -> int:
             for out, source in copied:
                 _read_instead(state, tasklet, out, source)
             copies += len(copied)
-            if copied and not tasklet.out_connectors:
-                _remove_scope(state, state.entry_node(tasklet))
     return copies
 
 
@@ -332,8 +332,7 @@ def _copy_target(sdfg: dace.SDFG, state: dace.SDFGState, target: nodes.AccessNod
 def _read_instead(state: dace.SDFGState, tasklet: nodes.Tasklet, out: str, origin: nodes.AccessNode) -> None:
     """Drop ``tasklet``'s copy into ``out``'s array; its readers read ``origin``'s array instead."""
     (write,) = [e for e in state.out_edges(tasklet) if e.src_conn == out]
-    outer = state.memlet_path(write)[-1]
-    target, exit_node = outer.dst, outer.src
+    target = state.memlet_path(write)[-1].dst
     name = target.data
     for edge in list(state.out_edges(target)):
         for e in state.memlet_tree(edge):
@@ -341,13 +340,7 @@ def _read_instead(state: dace.SDFGState, tasklet: nodes.Tasklet, out: str, origi
                 e.data.data = origin.data
         state.add_edge(origin, None, edge.dst, edge.dst_conn, edge.data)
         state.remove_edge(edge)
-    state.remove_edge(write)
-    state.remove_edge(outer)
-    exit_node.remove_in_connector(write.dst_conn)
-    exit_node.remove_out_connector(outer.src_conn)
-    tasklet.remove_out_connector(out)
-    kept = [s for s in tasklet.code.code if _copy_of(s) is None or _copy_of(s)[0] != out]
-    tasklet.code = CodeBlock("\n".join(ast.unparse(s) for s in kept) or "pass", dace.Language.Python)
+    _drop_output(state, write)
     state.remove_node(target)
     state.sdfg.remove_data(name, validate=False)
 
@@ -361,3 +354,104 @@ def _remove_scope(state: dace.SDFGState, entry: nodes.MapEntry) -> None:
         for edge in list(state.in_edges(node)):
             state.remove_edge(edge)
     state.remove_nodes_from(scope)
+
+
+def copied_sums(sdfg: dace.SDFG) -> int:
+    """Where a zeroed gradient accumulator is the sum of a whole copy of one gradient and a whole part added in
+    after it, the map adding the part writes the sum, reading the copied gradient itself: no zeroing, no copy, no
+    reading back what was added. Returns how many.
+
+    gap: a residual connection's input gradient is the sum's gradient plus the branch's; autodiff zeroes an
+    accumulator, adds a copy of the sum's gradient into it, and later adds the branch's part (three passes over
+    it where eager PyTorch makes one sum)."""
+    summed = 0
+    # how many access nodes each array has: a rewrite adds none
+    accesses = collections.Counter(n.data for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.AccessNode))
+    for state in list(sdfg.states()):
+        for node in [n for n in state.data_nodes() if n.setzero and state.in_degree(n) == 2]:
+            if not sdfg.arrays[node.data].transient or accesses[node.data] != 1:
+                continue
+            parts = [_whole_part(sdfg, state, e) for e in state.in_edges(node)]
+            if None in parts:
+                continue
+            for (copy_, origin), (add, _) in (parts, parts[::-1]):
+                # the part's map must not lead to the copied gradient: reading it there would close a cycle
+                if origin is None or accesses[origin.data] != 1 or nx.has_path(state.nx, add.src, origin):
+                    continue
+                _sum_into(state, copy_, add, origin)
+                node.setzero = False
+                summed += 1
+                break
+    return summed
+
+
+def _whole_part(sdfg: dace.SDFG, state: dace.SDFGState, edge):
+    """For an edge adding into an accumulator from a map of one tasklet that writes each element once: (the
+    tasklet's write, the access node it copies from where the value is a copy of an input else None); None where
+    the edge is no such write."""
+    path = state.memlet_path(edge)
+    if len(path) != 2 or not isinstance(edge.src, nodes.MapExit) or any(e.data.wcr is None for e in path):
+        return None
+    write = path[0]
+    tasklet, entry = write.src, state.entry_node(edge.src)
+    if state.entry_node(entry) is not None or len(state.scope_subgraph(entry).nodes()) != 3:
+        return None
+    if not isinstance(tasklet, nodes.Tasklet) or tasklet.code.language != dace.Language.Python:
+        return None
+    if write.data.dynamic or not _whole_elements(sdfg, entry, write.data, edge.dst.data):
+        return None
+    for statement in tasklet.code.code:
+        copied = _copy_of(statement)
+        if copied is None or copied[0] != write.src_conn:
+            continue
+        reads = [e for e in state.in_edges(tasklet) if e.dst_conn == copied[1]]
+        if len(reads) == 1:
+            origin = state.memlet_path(reads[0])[0].src
+            if isinstance(origin, nodes.AccessNode) and _whole_elements(sdfg, entry, reads[0].data, origin.data):
+                source, target = sdfg.arrays[origin.data], sdfg.arrays[edge.dst.data]
+                if (source.shape, source.strides, source.dtype) == (target.shape, target.strides, target.dtype):
+                    return write, origin
+    return write, None
+
+
+def _sum_into(state: dace.SDFGState, copy_, add, origin: nodes.AccessNode) -> None:
+    """Drop the copy ``copy_`` writes (its map too, where it writes nothing else); the tasklet ``add`` writes its
+    value plus ``origin``'s element instead of adding into the accumulator."""
+    tasklet, entry = add.src, state.entry_node(add.src)
+    connector = "__copied"
+    while connector in tasklet.in_connectors:
+        connector += "_"
+    index = ", ".join(entry.map.params)
+    tasklet.add_in_connector(connector)
+    state.add_memlet_path(
+        origin, entry, tasklet, dst_conn=connector, memlet=dace.Memlet(f"{origin.data}[{index}]")
+    )
+    code = []
+    for statement in tasklet.code.code:
+        if isinstance(statement, ast.Assign) and _assigns(statement, add.src_conn):
+            statement.value = ast.BinOp(statement.value, ast.Add(), ast.Name(connector, ast.Load()))
+        code.append(ast.unparse(ast.fix_missing_locations(statement)))
+    tasklet.code = CodeBlock("\n".join(code), dace.Language.Python)
+    for e in state.memlet_path(add):
+        e.data.wcr = None
+    _drop_output(state, copy_)
+
+
+def _assigns(statement: ast.Assign, name: str) -> bool:
+    return len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == name
+
+
+def _drop_output(state: dace.SDFGState, write) -> None:
+    """Remove a tasklet's output (its statement, connectors and edges to the access node), and its map where the
+    tasklet writes nothing else."""
+    tasklet, outer = write.src, state.memlet_path(write)[-1]
+    exit_node = outer.src
+    state.remove_edge(write)
+    state.remove_edge(outer)
+    exit_node.remove_in_connector(write.dst_conn)
+    exit_node.remove_out_connector(outer.src_conn)
+    tasklet.remove_out_connector(write.src_conn)
+    kept = [s for s in tasklet.code.code if not (isinstance(s, ast.Assign) and _assigns(s, write.src_conn))]
+    tasklet.code = CodeBlock("\n".join(ast.unparse(s) for s in kept) or "pass", dace.Language.Python)
+    if not tasklet.out_connectors:
+        _remove_scope(state, state.entry_node(tasklet))

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import dace
-import networkx as nx
 from dace.sdfg import nodes
 
 
@@ -21,46 +20,22 @@ def write_gradients_once(sdfg: dace.SDFG) -> int:
 
 
 def write_accumulators_once(sdfg: dace.SDFG) -> int:
-    """Where a zeroed temporary (a gradient accumulator autodiff made) has one access node and the first of its
-    writers is a map writing each of its elements once, before anything reads it there, write instead of adding and
-    drop the zeroing (a map over the array per call: 0.25-0.3 ms each for the BERT-mini layer's GELU). Returns how
-    many.
-
-    The first writer is the one every other writer runs after (a path leads from it to each of them): a residual
-    connection's gradient is the sum's gradient, written by the sum's backward, plus the branch's, added in after
-    the branch's backward; zeroed first and both added, ResNet-50's backward spent 5% of its time in those passes."""
-    by_name: dict[str, list[tuple[nodes.AccessNode, dace.SDFGState]]] = defaultdict(list)
-    for node, state in sdfg.all_nodes_recursive():
+    """Where a zeroed temporary (a gradient accumulator autodiff made) has one access node and one map writing each
+    of its elements once, before anything reads it there, write instead of adding and drop the zeroing (a map over
+    the array per call: 0.25-0.3 ms each for the BERT-mini layer's GELU). Returns how many."""
+    by_name: dict[str, list[nodes.AccessNode]] = defaultdict(list)
+    for node, _ in sdfg.all_nodes_recursive():
         if isinstance(node, nodes.AccessNode):
-            by_name[node.data].append((node, state))
+            by_name[node.data].append(node)
     written = 0
     for name, found in by_name.items():
         desc = sdfg.arrays.get(name)  # (None: a nested SDFG's own array)
-        if desc is None or not desc.transient or len(found) != 1 or not found[0][0].setzero:
+        if desc is None or not desc.transient or len(found) != 1 or not found[0].setzero:
             continue
-        node, state = found[0]
-        if state.sdfg is not sdfg:
-            continue
-        first = _first_writer(state, node)
-        if first is not None and _write_edge_once(sdfg, name, state, first):
-            node.setzero = False
+        if write_once(sdfg, name, read_after=True):
+            found[0].setzero = False
             written += 1
     return written
-
-
-def _first_writer(state: dace.SDFGState, node: nodes.AccessNode):
-    """The edge into ``node`` whose writer every other writer of it runs after, where there is one."""
-    edges = state.in_edges(node)
-    if len(edges) == 1:
-        return edges[0]
-    graph = state.nx.copy()
-    graph.remove_node(node)  # a path through the accumulator itself would read it before it is complete
-    for edge in edges:
-        others = [other for other in edges if other is not edge]
-        # a second edge from the same writer (a square's two factors) adds within the same iteration, in no order
-        if all(other.src is not edge.src and nx.has_path(graph, edge.src, other.src) for other in others):
-            return edge
-    return None
 
 
 def write_once(sdfg: dace.SDFG, name: str, read_after: bool = False) -> bool:
@@ -69,12 +44,7 @@ def write_once(sdfg: dace.SDFG, name: str, read_after: bool = False) -> bool:
     found = _single_writer(sdfg, name, read_after)
     if found is None:
         return False
-    return _write_edge_once(sdfg, name, *found)
-
-
-def _write_edge_once(sdfg: dace.SDFG, name: str, state: dace.SDFGState, edge) -> bool:
-    """Where ``edge`` (a map writing each element of ``name`` once, or a library node writing all of it) accumulates,
-    make it write; whether it did."""
+    state, edge = found
     path = state.memlet_path(edge)
     if len(path) == 1 and isinstance(edge.src, nodes.LibraryNode):
         # an Einsum's backward adds its product into the gradient (a BLAS call with beta 1)
