@@ -2,13 +2,21 @@
 
 import subprocess
 
+import pathlib
+
 import pytest
 import torch
+from dace.sdfg import nodes
 
 import dcnb
 from tests.models import Mish
 
 pytestmark = pytest.mark.compile
+
+
+def _source(binary) -> str:
+    library = pathlib.Path(binary._lib._library_filename)
+    return next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
 
 
 def _imports(binary) -> set[str]:
@@ -36,3 +44,17 @@ def test_vectorization_takes_whole_vectors_only_and_accepts_misaligned_views(sha
         storage = torch.rand(torch.Size(shape).numel() + 1)
         view = storage[1:].reshape(shape)  # contiguous, but 4 bytes past an aligned start
         torch.testing.assert_close(session.module(view), Mish()(view))
+
+
+def test_a_map_of_several_tasklets_is_vectorized_as_one():
+    # auto_optimize leaves a SiLU as one map of two tasklets, the sigmoid stored for the backward and passed to the
+    # product; DaCe's Vectorization takes maps of one tasklet (EfficientNet-B0's forward: 12.9 of 150 ms, scalar)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 1), torch.nn.BatchNorm2d(8), torch.nn.SiLU())
+    session = dcnb.optimize(module.train(), torch.randn(2, 8, 8, 16), training=True, baselines=(), time_budget=0.0)
+    assert session.apply("auto_optimize").ok
+    step = session.apply("vectorization")
+    assert step.ok and step.check.ok, step.error
+    silu = [n for n, _ in session.forward_sdfg.all_nodes_recursive() if isinstance(n, nodes.Tasklet) and "Mult" in n.label]
+    assert silu and all(len(n.out_connectors) == 2 for n in silu), [n.label for n in silu]  # product and sigmoid
+    assert "dace::vec<float" in _source(session._states[-1].runner.forward_binary)
