@@ -48,16 +48,9 @@ def test_a_cpu_plan_takes_the_cuda_arguments_and_calls_as_before(monkeypatch):
 def test_cuda_builds_launch_on_the_stream_they_are_given_and_can_be_captured():
     # build.py builds for one stream with no host wait in a call: native.cpp hands each call PyTorch's current
     # stream through __dace_gpu_set_all_streams, and may capture the call into a CUDA graph
-    assert shutil.which("nvcc"), "nvcc belongs to the build environment"
     session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0)
     assert session.apply("tasklet_fusion").ok
-    sdfgs = session._states[-1].sdfgs
-    with temporary_config():
-        Config.set("compiler", "cuda", "cuda_arch", value="90")
-        built = build.build([sdfgs.forward, sdfgs.backward], "cuda")
-    for binary in built.binaries:
-        set_streams, capturable = native.cuda_launch(binary)
-        assert set_streams != 0 and capturable
+    assert all(set_streams != 0 and capturable for set_streams, capturable in _cuda_launches(session))
 
 
 def test_a_cuda_build_that_waits_or_allocates_in_a_call_is_not_captured():
@@ -65,10 +58,14 @@ def test_a_cuda_build_that_waits_or_allocates_in_a_call_is_not_captured():
     # with a stream synchronization: captured anyway, its cuBLAS calls failed and its gradient read freed memory on
     # an H100. Such a binary is called as it is, never captured
     session = dcnb.optimize(_Batched(), torch.randn(2, 5, 4), baselines=(), time_budget=0.0)
+    assert all(set_streams != 0 and not capturable for set_streams, capturable in _cuda_launches(session))
+
+
+def _cuda_launches(session: dcnb.Session) -> list[tuple[int, bool]]:
+    """How native.cpp would call the CUDA builds (for an H100) of the session's forward and backward."""
+    assert shutil.which("nvcc"), "nvcc belongs to the build environment"
     sdfgs = session._states[-1].sdfgs
     with temporary_config():
         Config.set("compiler", "cuda", "cuda_arch", value="90")
         built = build.build([sdfgs.forward, sdfgs.backward], "cuda")
-    for binary in built.binaries:
-        set_streams, capturable = native.cuda_launch(binary)
-        assert set_streams != 0 and not capturable
+    return [native.cuda_launch(binary) for binary in built.binaries]
