@@ -181,7 +181,8 @@ def merge_tasklets(sdfg: dace.SDFG, where: Where) -> int:
 def _chain(state: dace.SDFGState, entry: nodes.MapEntry) -> list[nodes.Tasklet] | None:
     """The tasklets of a map body that holds only Python tasklets and one-element transients each written once
     (no sum), in an order each is computed after what it reads; None for any other body or a single tasklet."""
-    body = [n for n in state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()]
+    subgraph = state.scope_subgraph(entry, include_entry=False, include_exit=False)
+    body = subgraph.nodes()
     tasklets = [n for n in body if isinstance(n, nodes.Tasklet)]
     if len(tasklets) < 2 or any(t.code.language != dace.Language.Python for t in tasklets):
         return None
@@ -200,7 +201,6 @@ def _chain(state: dace.SDFGState, entry: nodes.MapEntry) -> list[nodes.Tasklet] 
             return None
     if any(e.data.wcr is not None or e.data.dynamic for t in tasklets for e in state.all_edges(t)):
         return None
-    subgraph = state.scope_subgraph(entry, include_entry=False, include_exit=False)
     return [n for n in dace.sdfg.utils.dfs_topological_sort(subgraph) if isinstance(n, nodes.Tasklet)]
 
 

@@ -357,9 +357,9 @@ def _remove_scope(state: dace.SDFGState, entry: nodes.MapEntry) -> None:
 
 
 def copied_sums(sdfg: dace.SDFG) -> int:
-    """Where a zeroed gradient accumulator is the sum of a whole copy of one gradient and a whole part added in
-    after it, the map adding the part writes the sum, reading the copied gradient itself: no zeroing, no copy, no
-    reading back what was added. Returns how many.
+    """Where a zeroed gradient accumulator is the sum of a whole copy of one gradient and a whole part of another,
+    the map adding the part writes the sum, reading the copied gradient itself: no zeroing, no copy, no reading
+    back what was added. Returns how many.
 
     gap: a residual connection's input gradient is the sum's gradient plus the branch's; autodiff zeroes an
     accumulator, adds a copy of the sum's gradient into it, and later adds the branch's part (three passes over
@@ -423,9 +423,7 @@ def _sum_into(state: dace.SDFGState, copy_, add, origin: nodes.AccessNode) -> No
         connector += "_"
     index = ", ".join(entry.map.params)
     tasklet.add_in_connector(connector)
-    state.add_memlet_path(
-        origin, entry, tasklet, dst_conn=connector, memlet=dace.Memlet(f"{origin.data}[{index}]")
-    )
+    state.add_memlet_path(origin, entry, tasklet, dst_conn=connector, memlet=dace.Memlet(f"{origin.data}[{index}]"))
     code = []
     for statement in tasklet.code.code:
         if isinstance(statement, ast.Assign) and _assigns(statement, add.src_conn):
