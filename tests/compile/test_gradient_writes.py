@@ -130,15 +130,19 @@ class _Skip(torch.nn.Module):
 
 def test_a_sum_s_inputs_read_its_gradient_instead_of_copies():
     # autodiff copies a sum's gradient into a gradient of each input: the branch's (the norm's output's, which
-    # nothing else writes) is read where it is
+    # nothing else writes) is the sum's itself now, under the branch's name (the norm's backward is named by it)
     torch.manual_seed(0)
     session = dcnb.optimize(_Skip().train(), torch.randn(2, 4, 8, 8), training=True, baselines=(), time_budget=0.0)
     assert session.current.ok and session.current.check.ok, session.current.error
     backward = session._states[-1].sdfgs.backward
-    assert "gradient_SLASHnormSLASHBatchNormalization_output_0" not in backward.arrays
-    [norm] = [n for n, s in backward.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG) and "norm" in n.label]
-    state = next(s for n, s in backward.all_nodes_recursive() if n is norm)
-    assert "gradient_SLASHAdd_output_0" in {e.data.data for e in state.in_edges(norm)}
+    assert "gradient_SLASHAdd_output_0" not in backward.arrays
+    [(node, state)] = [
+        (n, s) for n, s in backward.all_nodes_recursive()
+        if isinstance(n, nodes.AccessNode) and n.data == "gradient_SLASHnormSLASHBatchNormalization_output_0"
+    ]
+    # written by the last ReLU's backward, read by the norm's: no copy between
+    assert [e.src.label for e in state.in_edges(node)] == ["SLASHRelu_1_backward_expansion"]
+    assert "SLASHnormSLASHBatchNormalization_backward_expansion" in {e.dst.label for e in state.out_edges(node)}
 
 
 def test_a_residual_input_s_gradient_is_written_as_one_sum():
@@ -155,6 +159,7 @@ def test_a_residual_input_s_gradient_is_written_as_one_sum():
     [write] = state.in_edges(node)
     assert not node.setzero and all(e.data.wcr is None for e in state.memlet_path(write))
     tasklet = state.memlet_path(write)[0].src
-    assert "gradient_SLASHAdd_output_0" in {e.data.data for e in state.in_edges(tasklet)}, tasklet.code.as_string
+    read = {e.data.data for e in state.in_edges(tasklet)}
+    assert "gradient_SLASHnormSLASHBatchNormalization_output_0" in read, tasklet.code.as_string
     maps = [n.label for n, _ in backward.all_nodes_recursive() if isinstance(n, nodes.MapEntry)]
     assert "_Add__map" not in maps, maps

@@ -61,9 +61,9 @@ def test_the_maps_of_a_larger_mish_take_their_share_of_the_call():
     session = dcnb.optimize(Mish(), torch.rand(4, 16, 32, 32), baselines=(), time_budget=0.0)
     found = profile.run(session, runs=3)
     kernels = found["kernels"]
-    # five elementwise maps forward, five backward (an accumulator one map fills is written, not zeroed first:
-    # passes/gradient_writes.py)
-    assert len(kernels) == 10
+    # five elementwise maps forward, four backward (an accumulator one map fills is written, not zeroed first:
+    # passes/gradient_writes.py; softplus's sum passes its gradient on as it is: after_autodiff.shared_gradients)
+    assert len(kernels) == 9
     assert kernels[0]["ms"] > 0.01  # 64k elements: tens of microseconds at the least
     # timed inside the call: together less than it (what is left is the call's own overhead)
     assert 0 < sum(k["share"] for k in kernels) <= 1

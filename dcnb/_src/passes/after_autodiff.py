@@ -330,19 +330,23 @@ def _copy_target(sdfg: dace.SDFG, state: dace.SDFGState, target: nodes.AccessNod
 
 
 def _read_instead(state: dace.SDFGState, tasklet: nodes.Tasklet, out: str, origin: nodes.AccessNode) -> None:
-    """Drop ``tasklet``'s copy into ``out``'s array; its readers read ``origin``'s array instead."""
+    """Drop ``tasklet``'s copy into ``out``'s array; its readers read ``origin``'s array instead, which takes the
+    copy's name where it is a temporary: the readers (an op's backward) go on reading the gradient of their op's
+    output, which is what the views name them by (a product's backward, not the bias add's)."""
     (write,) = [e for e in state.out_edges(tasklet) if e.src_conn == out]
     target = state.memlet_path(write)[-1].dst
-    name = target.data
-    for edge in list(state.out_edges(target)):
+    old, new = (origin.data, target.data) if state.sdfg.arrays[origin.data].transient else (target.data, origin.data)
+    _drop_output(state, write)
+    for edge in [*state.in_edges(origin), *state.out_edges(origin), *state.out_edges(target)]:
         for e in state.memlet_tree(edge):
-            if e.data.data == name:
-                e.data.data = origin.data
+            if e.data.data == old:
+                e.data.data = new
+    for edge in list(state.out_edges(target)):
         state.add_edge(origin, None, edge.dst, edge.dst_conn, edge.data)
         state.remove_edge(edge)
-    _drop_output(state, write)
+    origin.data = new
     state.remove_node(target)
-    state.sdfg.remove_data(name, validate=False)
+    state.sdfg.remove_data(old, validate=False)
 
 
 def _remove_scope(state: dace.SDFGState, entry: nodes.MapEntry) -> None:
