@@ -9,7 +9,7 @@ import gc
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import torch
 from torch import nn
@@ -210,13 +210,9 @@ class Baselines:
                 candidates["torch_compile"] = compiled
             else:
                 notes.append(note)
-        calls = {name: self.call(fn) for name, fn in candidates.items()}
         # the check just ran the new binary (loaded it, touched its memory): only baselines new to this session
         # are warmed up; few rounds for slow steps (the budget decides)
-        warmup = {name: 0 if name in self._warmed or name == "dcnb" else 1 for name in calls}
-        with verify.preserved(module):
-            timings = interleaved(calls, budget_s=self._budget_s, warmup=warmup, min_runs=3, sync=self._sync)
-        self._warmed |= set(calls) - {"dcnb"}
+        timings = self._interleaved(candidates, warm={"dcnb"})
         # rounds far apart, or a machine busier than it has cores: the ratios are noise, and the step says so
         notes.extend(noise(timings, load=load_average(), cores=os.cpu_count()))
         return timings, tuple(notes)
@@ -225,12 +221,16 @@ class Baselines:
         """Time ``candidates`` (compiled modules, by name) and eager, as "torch", in one interleaved run within the
         budget (at least 3 rounds): ratios that each come from a run of their own are minutes apart on a machine
         whose load moves, and these are not. Each candidate is warmed up once (its binary ran long ago)."""
-        module = self._reference.module
-        calls = {name: self.call(fn) for name, fn in {**candidates, "torch": module}.items()}
-        warmup = {name: 0 if name in self._warmed else 1 for name in calls}
-        with verify.preserved(module):
+        return self._interleaved({**candidates, "torch": self._reference.module})
+
+    def _interleaved(self, modules: dict[str, nn.Module], warm: Collection[str] = ()) -> dict[str, Timing]:
+        """``modules`` (by name) timed in one interleaved run within the budget, at least 3 rounds; each warmed up
+        once first, but the baselines timed before and those ``warm`` names (just run)."""
+        calls = {name: self.call(fn) for name, fn in modules.items()}
+        warmup = {name: 0 if name in self._warmed or name in warm else 1 for name in calls}
+        with verify.preserved(self._reference.module):
             timings = interleaved(calls, budget_s=self._budget_s, warmup=warmup, min_runs=3, sync=self._sync)
-        self._warmed.add("torch")
+        self._warmed |= set(calls) & set(self.names)
         return timings
 
     def call(self, fn: Callable[..., object]) -> Callable[[], None]:
