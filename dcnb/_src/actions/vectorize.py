@@ -231,8 +231,9 @@ def _merge(state: dace.SDFGState, entry: nodes.MapEntry, order: list[nodes.Taskl
         renamer = PythonConnectorRenamer(renamed)
         code += [ast.unparse(renamer.visit(copy.deepcopy(statement))) for statement in tasklet.code.code]
     # a passed value that also leaves the map (stored for the backward) is an output of its own
+    passed = [n for n in state.nodes() if isinstance(n, nodes.AccessNode) and n.data in local]
     stored = []
-    for node in [n for n in state.nodes() if isinstance(n, nodes.AccessNode) and n.data in local]:
+    for node in passed:
         for e in state.out_edges(node):
             if e.dst is exit_node:
                 name = f"__s{len(stored)}"
@@ -248,7 +249,6 @@ def _merge(state: dace.SDFGState, entry: nodes.MapEntry, order: list[nodes.Taskl
         # the edge names the passed value's array, the element it writes out being its other subset
         outer = state.memlet_path(e)[-1]
         state.add_edge(merged, name, e.dst, e.dst_conn, dace.Memlet(data=outer.data.data, subset=e.data.dst_subset))
-    passed = [n for n in state.nodes() if isinstance(n, nodes.AccessNode) and n.data in local]
     state.remove_nodes_from([*order, *passed])
     for name in local:
         if not any(isinstance(n, nodes.AccessNode) and n.data == name for n, _ in state.sdfg.all_nodes_recursive()):

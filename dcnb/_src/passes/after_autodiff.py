@@ -250,16 +250,20 @@ def shared_gradients(sdfg: dace.SDFG) -> int:
     residual connection's backward copies it twice per element; ResNet-50's backward spent 3% of its time in those
     copies), where eager PyTorch hands the one tensor to both."""
     copies = 0
+    # how many access nodes each array has in the SDFG itself: a rewrite only renames or removes the two it joins
+    accesses = collections.Counter(
+        n.data for n, s in sdfg.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and s.sdfg is sdfg
+    )
     for state in list(sdfg.states()):
         for tasklet in [n for n in state.nodes() if isinstance(n, nodes.Tasklet)]:
-            copied = _copied_outputs(sdfg, state, tasklet)
+            copied = _copied_outputs(sdfg, state, tasklet, accesses)
             for out, source in copied:
                 _read_instead(state, tasklet, out, source)
             copies += len(copied)
     return copies
 
 
-def _copied_outputs(sdfg: dace.SDFG, state: dace.SDFGState, tasklet: nodes.Tasklet) -> list:
+def _copied_outputs(sdfg: dace.SDFG, state: dace.SDFGState, tasklet: nodes.Tasklet, accesses: dict) -> list:
     """(output connector, the access node it copies from) for each output of ``tasklet`` that copies an input whole
     into a temporary written nowhere else, the input's array written nowhere after."""
     entry = state.entry_node(tasklet)
@@ -285,7 +289,7 @@ def _copied_outputs(sdfg: dace.SDFG, state: dace.SDFGState, tasklet: nodes.Taskl
         if len(written) != 2 or len(source) != 2 or any(e.data.wcr is not None or e.data.dynamic for e in written):
             continue
         if _whole_elements(sdfg, entry, read.data, origin.data) and _whole_elements(sdfg, entry, write.data, target.data):
-            if _copy_target(sdfg, state, target, origin):
+            if _copy_target(sdfg, state, target, origin, accesses):
                 found.append((out, origin))
     return found
 
@@ -317,16 +321,18 @@ def _whole_elements(sdfg: dace.SDFG, entry: nodes.MapEntry, memlet, name: str) -
     return True
 
 
-def _copy_target(sdfg: dace.SDFG, state: dace.SDFGState, target: nodes.AccessNode, origin: nodes.AccessNode) -> bool:
+def _copy_target(
+    sdfg: dace.SDFG, state: dace.SDFGState, target: nodes.AccessNode, origin: nodes.AccessNode, accesses: dict
+) -> bool:
     """Whether ``target`` is a temporary of the shape and layout of ``origin``'s array, this its only access and
-    its only write, and ``origin`` the only access of its array (so written before it is read, never after)."""
+    its only write, and ``origin`` the only access of its array (so written before it is read, never after);
+    ``accesses``: how many access nodes each array has."""
     copy, source = sdfg.arrays[target.data], sdfg.arrays[origin.data]
     if not copy.transient or target.setzero or state.in_degree(target) != 1 or target.data == origin.data:
         return False
     if (copy.shape, copy.strides, copy.dtype, type(copy)) != (source.shape, source.strides, source.dtype, type(source)):
         return False
-    accesses = [n.data for n, s in sdfg.all_nodes_recursive() if isinstance(n, nodes.AccessNode) and s.sdfg is sdfg]
-    return accesses.count(target.data) == 1 and accesses.count(origin.data) == 1
+    return accesses[target.data] == 1 and accesses[origin.data] == 1
 
 
 def _read_instead(state: dace.SDFGState, tasklet: nodes.Tasklet, out: str, origin: nodes.AccessNode) -> None:
