@@ -5,7 +5,6 @@ Where a zoo entry shows the gap, the test builds that entry, so that tests/compi
 """
 
 import copy
-import pathlib
 
 import dace
 import numpy as np
@@ -18,6 +17,7 @@ from torch import nn
 import dcnb
 from dcnb._src.fixes import reduce_node
 from dcnb._src.passes import cuda_build
+from tests.cpu_sources import cpu_source
 from tests.models import TinyMLP
 from tests.zoo import CASES
 
@@ -767,13 +767,7 @@ def test_reductions_take_no_atomics_on_the_cpu():
     _assert_checked(session, "grad input")
     runner = session._states[-1].runner
     for binary in (runner.forward_binary, runner.backward_binary):
-        assert "reduce_atomic" not in _source(binary)
-
-
-def _source(binary) -> str:
-    """The C++ a binary was compiled from."""
-    library = pathlib.Path(binary._lib._library_filename)
-    return next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
+        assert "reduce_atomic" not in cpu_source(binary)
 
 
 class _Transposed(nn.Module):
@@ -796,7 +790,7 @@ def test_auto_optimize_keeps_dcnb_s_blas_and_reductions():
     # with DaCe's choice), its products through dcnb's BLAS
     found = [n for n, _ in session.forward_sdfg.all_nodes_recursive()]
     assert any(isinstance(n, nodes.Tasklet) and n.label == reduce_node.ROW_TASKLET for n in found)
-    assert "cblas_sgemm" in _source(session._states[-1].runner.forward_binary)
+    assert "cblas_sgemm" in cpu_source(session._states[-1].runner.forward_binary)
 
 
 class _FusedChain(nn.Module):
@@ -816,7 +810,7 @@ def test_auto_optimize_keeps_the_fused_maps_one_element_transients_on_the_stack(
     session = _optimize(_FusedChain(), torch.randint(0, 4, (8, 16)), torch.randn(8, 16, 32))
     step = session.apply("auto_optimize")
     assert step.ok and step.check.ok, step.error
-    assert "aligned_new_array" not in _source(session._states[-1].runner.backward_binary)
+    assert "aligned_new_array" not in cpu_source(session._states[-1].runner.backward_binary)
 
 
 def test_a_linear_layers_weight_is_read_in_place_not_transposed():

@@ -1,7 +1,6 @@
 """fuse_rows: Softmax and LayerNorm, forward and backward, as parallel maps over rows without atomics."""
 
 import math
-import pathlib
 
 import pytest
 import torch
@@ -9,13 +8,9 @@ from dace.sdfg import nodes
 from torch import nn
 
 import dcnb
+from tests.cpu_sources import cpu_source
 
 pytestmark = pytest.mark.compile
-
-
-def _source(binary) -> str:
-    library = pathlib.Path(binary._lib._library_filename)
-    return next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
 
 
 @pytest.mark.parametrize(
@@ -42,10 +37,10 @@ def test_rows_fuse_into_parallel_maps_and_stay_right(module, shape, backward_ker
     assert len(tiles) == (2 if shape[-1] == 32 and isinstance(module, nn.LayerNorm) else 0)
     runner = session._states[-1].runner
     for binary in (runner.forward_binary, runner.backward_binary):
-        code = _source(binary)
+        code = cpu_source(binary)
         assert "reduce_atomic" not in code and "#pragma omp parallel for" in code
     # a row's maximum runs as a vector loop (OpenMP may reassociate it, GCC alone may not)
-    assert ("#pragma omp simd reduction(max:" in _source(runner.forward_binary)) is isinstance(module, nn.Softmax)
+    assert ("#pragma omp simd reduction(max:" in cpu_source(runner.forward_binary)) is isinstance(module, nn.Softmax)
 
 
 def _row_passes(sdfg, columns: int) -> int:

@@ -1,8 +1,6 @@
 """CPU scheduling of generated code: small maps on one thread, short outer dimensions collapsed, sums no two
 iterations share without atomics."""
 
-import pathlib
-
 import dace
 import pytest
 import torch
@@ -10,25 +8,21 @@ import torch
 import dcnb
 from dcnb._src import passes
 from dcnb._src.passes import schedule
+from tests.cpu_sources import cpu_source
 from tests.models import Mish
 
 pytestmark = pytest.mark.compile
 
 
-def _source(binary) -> str:
-    library = pathlib.Path(binary._lib._library_filename)
-    return next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
-
-
 def test_small_maps_run_on_one_thread_and_short_outer_dimensions_are_collapsed(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     tiny = dcnb.optimize(Mish(), torch.rand(4, 16), baselines=(), time_budget=0.0)
-    assert "#pragma omp" not in _source(tiny._states[-1].runner.forward_binary)
+    assert "#pragma omp" not in cpu_source(tiny._states[-1].runner.forward_binary)
     # 1 x 4 x 64 x 128 elements: the outer dimensions give 1, then 4, then 256 >= 8 chunks x 2 threads
     wide = dcnb.optimize(Mish(), torch.rand(1, 4, 64, 128), baselines=(), time_budget=0.0)
     assert wide.apply("tasklet_fusion").ok
     for binary in (wide._states[-1].runner.forward_binary, wide._states[-1].runner.backward_binary):
-        assert "#pragma omp parallel for collapse(3)" in _source(binary)
+        assert "#pragma omp parallel for collapse(3)" in cpu_source(binary)
     assert schedule.threads() == 2
 
 
@@ -116,7 +110,7 @@ def test_a_square_s_two_parts_of_one_element_are_added_without_atomics():
     torch.manual_seed(0)
     session = dcnb.optimize(_Square(), torch.randn(8, 64), baselines=(), time_budget=0.0)
     assert session.current.ok and session.current.check.ok, session.current.error
-    assert "reduce_atomic" not in _source(session._states[-1].runner.backward_binary)
+    assert "reduce_atomic" not in cpu_source(session._states[-1].runner.backward_binary)
 
 
 def test_the_parts_of_a_gradient_are_added_without_atomics():
@@ -134,7 +128,7 @@ def test_the_parts_of_a_gradient_are_added_without_atomics():
 
     session = dcnb.optimize(Residual(), torch.randn(8, 64, 64), baselines=(), time_budget=0.0)
     assert session.current.check.ok
-    source = _source(session._states[-1].runner.backward_binary)
+    source = cpu_source(session._states[-1].runner.backward_binary)
     tasklets = source.split("// Tasklet code (")
     added = [t for t in tasklets if t.startswith("accumulate_gradient_x")]
     assert added and not any("reduce_atomic" in t.split("}")[0] for t in added)

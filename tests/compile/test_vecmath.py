@@ -2,21 +2,15 @@
 
 import subprocess
 
-import pathlib
-
 import pytest
 import torch
 from dace.sdfg import nodes
 
 import dcnb
+from tests.cpu_sources import cpu_source
 from tests.models import Mish
 
 pytestmark = pytest.mark.compile
-
-
-def _source(binary) -> str:
-    library = pathlib.Path(binary._lib._library_filename)
-    return next((library.parents[1] / "src" / "cpu").glob("*.cpp")).read_text()
 
 
 def _imports(binary) -> set[str]:
@@ -57,4 +51,4 @@ def test_a_map_of_several_tasklets_is_vectorized_as_one():
     assert step.ok and step.check.ok, step.error
     silu = [n for n, _ in session.forward_sdfg.all_nodes_recursive() if isinstance(n, nodes.Tasklet) and "Mult" in n.label]
     assert silu and all(len(n.out_connectors) == 2 for n in silu), [n.label for n in silu]  # product and sigmoid
-    assert "dace::vec<float" in _source(session._states[-1].runner.forward_binary)
+    assert "dace::vec<float" in cpu_source(session._states[-1].runner.forward_binary)
