@@ -5,7 +5,8 @@ import dace
 import numpy as np
 import pytest
 from dace.sdfg import nodes
-from dace.transformation.dataflow import map_fusion_helper
+from dace.transformation.dataflow import MapFusionVertical, TrivialMapElimination, map_fusion_helper
+from dace.transformation.passes import pattern_matching
 from dace.transformation.auto import auto_optimize as dace_auto
 from dace.transformation.passes import FullMapFusion
 from dace.sdfg.graph import SubgraphView
@@ -76,6 +77,85 @@ def test_maps_that_cannot_be_parallel_are_not_walked(calls):
     walks.clear()
     FullMapFusion(strict_dataflow=True).apply_pass(_chain(20), {})
     assert len(walks) >= vertical + 20 * 19 // 2
+
+
+def _pipelines(count: int, length: int) -> dace.SDFG:
+    """``count`` states, each a chain of ``length`` maps over the same range and the same indices: each state fuses
+    into one map. A state of ``_chain(20)`` (no pair fusable) before them."""
+    sdfg = _chain(20)
+    sdfg.add_array("src", [N], dace.float32)
+    before = sdfg.start_state
+    for s in range(count):
+        state = sdfg.add_state_after(before)
+        previous = state.add_access("src")
+        for k in range(length):
+            name = f"p{s}_{k}"
+            sdfg.add_array(name, [N], dace.float32, transient=k < length - 1)
+            out = state.add_access(name)
+            state.add_mapped_tasklet(
+                f"q{s}_{k}", {"i": f"0:{N}"}, {"v": dace.Memlet(f"{previous.data}[i]")}, "w = v * 2",
+                {"w": dace.Memlet(f"{name}[i]")}, external_edges=True,
+                input_nodes={previous.data: previous}, output_nodes={name: out},
+            )
+            previous = out
+        before = state
+    return sdfg
+
+
+def test_vertical_fusion_reaches_full_map_fusions_result_testing_each_match_once_a_round(calls):
+    ours, theirs = _pipelines(4, 4), _pipelines(4, 4)
+    tests = calls(MapFusionVertical, "can_be_applied")
+    FullMapFusion(strict_dataflow=True, perform_horizontal_map_fusion=False).apply_pass(theirs, {})
+    by_dace = len(tests)
+    tests.clear()
+    assert auto_optimize._fuse_maps_vertically(ours) == 12
+    ours.validate()
+    assert _maps(ours) == _maps(theirs) == 20 + 4
+    # each round tests each match once: the chain's 19 refused pairs a round, the 3 fusions of each state in its
+    # rounds and one round that fuses nothing; DaCe's matching starts again after each of the 12 fusions and tests
+    # the chain's pairs before every one of them
+    assert len(tests) <= 2 * 19 + 4 * (3 + 2 + 1)
+    assert by_dace >= 12 * 19
+    src = np.random.rand(N).astype(np.float32)
+    outputs = {f"p{s}_3": np.zeros(N, np.float32) for s in range(4)}
+    ours(src=src, **{f"a{k}": np.zeros(N, np.float32) for k in range(21)}, **outputs)
+    np.testing.assert_allclose(outputs["p3_3"], 16 * src, rtol=1e-6)
+
+
+def _trivial_maps_nested(count: int) -> dace.SDFG:
+    """``count`` nested SDFGs side by side, each adding 1 to its element of ``a`` through a map over one element."""
+    sdfg = dace.SDFG("nested_trivial_maps")
+    sdfg.add_array("a", [count], dace.float32)
+    sdfg.add_array("b", [count], dace.float32)
+    state = sdfg.add_state()
+    for k in range(count):
+        inner = dace.SDFG(f"inner{k}")
+        inner.add_array("x", [count], dace.float32)
+        inner.add_array("y", [count], dace.float32)
+        inner.add_state().add_mapped_tasklet(
+            "one", {"i": "0:1"}, {"v": dace.Memlet(f"x[i + {k}]")}, "w = v + 1", {"w": dace.Memlet(f"y[i + {k}]")},
+            external_edges=True,
+        )
+        node = state.add_nested_sdfg(inner, {"x"}, {"y"})
+        state.add_edge(state.add_access("a"), None, node, "x", dace.Memlet(f"a[0:{count}]"))
+        state.add_edge(node, "y", state.add_access("b"), None, dace.Memlet(f"b[0:{count}]"))
+    return sdfg
+
+
+def test_a_transformation_within_states_is_applied_state_by_state(calls):
+    ours, theirs = _trivial_maps_nested(12), _trivial_maps_nested(12)
+    collapsed = calls(pattern_matching, "collapse_multigraph_to_nx")
+    assert theirs.apply_transformations_repeated(TrivialMapElimination, validate=False) == 12
+    by_dace = len(collapsed)
+    collapsed.clear()
+    assert auto_optimize.repeated_in_each_state(ours, TrivialMapElimination) == 12
+    assert _maps(ours) == _maps(theirs) == 0
+    # a state's graph is made once per match and once more; DaCe's matching makes every state's before it again
+    assert len(collapsed) <= 13 * 2 + 12
+    assert by_dace >= 12 * 13 // 2
+    a, b = np.arange(12, dtype=np.float32), np.zeros(12, np.float32)
+    ours(a=a, b=b)
+    np.testing.assert_allclose(b, a + 1)
 
 
 def test_dace_prints_no_progress_into_the_cells_output():
