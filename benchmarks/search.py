@@ -12,6 +12,12 @@ best there where it is faster than the kept one in this run, with the command in
 
     DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --model bert_mini_layer --budget 600 --save-recipe --json
 
+``--once`` runs the first search only. ``--together SECONDS`` (default 20; 0: none) ends with one interleaved run of
+eager, torch.compile, the search's best, ``auto_optimize`` and the kept recipe (each replayed from the naive step,
+their builds in the cache): the comparison the search's goal is about, from one run rather than runs minutes apart.
+
+    DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --model gpt2_block --budget 600 --once --json
+
 With ``--workers N`` the candidates compile on a local Dask cluster of N single-threaded workers, with ``--cluster
 ADDRESS`` on the cluster whose scheduler is there (``pip install dcnb[cluster]``); every candidate is timed here.
 """
@@ -42,6 +48,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="compile on a local Dask cluster of this many workers")
     parser.add_argument("--cluster", default=None, help="compile on the Dask cluster whose scheduler is at this address")
+    parser.add_argument("--once", action="store_true", help="one search, not the second that finds its builds cached")
+    parser.add_argument("--together", type=float, default=20.0,
+                        help="seconds of the closing interleaved run of eager, torch.compile, the best, auto_optimize "
+                        "and the kept recipe (0: none)")
     parser.add_argument("--table", action="store_true", help="print each search's table too")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -71,29 +81,34 @@ def main() -> None:
 
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0").scheduler_address
     runs = []
-    for _ in range(2):
+    for _ in range(1 if args.once else 2):
         module, inputs, kwargs = made()
         session = dcnb.optimize(module, *inputs, kwargs=kwargs)
         started = time.perf_counter()
         result = session.search(
             args.budget, objective=args.objective, beam=args.beam, depth=args.depth, seed=args.seed, cluster=cluster
         )
+        if not runs:
+            searched = module, inputs, kwargs
         runs.append((result, time.perf_counter() - started, session))
         if args.table:
             print(result.as_text(), flush=True)
-    (first, first_s, session), (second, second_s, _) = runs
+    (first, first_s, session), *again = runs
+    second, second_s, _ = again[0] if again else (None, None, None)
     auto = [c for c in first.candidates if [e.name for e in c.recipe] == ["auto_optimize"] and c.ok]
 
     def speedup(candidate) -> float | None:
         return None if candidate is None or candidate.ratio is None else round(1 / candidate.ratio, 3)
 
-    kept = kept_vs_eager = None
+    kept = kept_vs_eager = kept_recipe = None
     if args.model:
         kept = pathlib.Path(__file__).parent / "recipes" / f"{args.model}.json"
         if kept.exists():
+            kept_recipe = json.loads(kept.read_text())
             module, inputs, kwargs = made()
-            replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=json.loads(kept.read_text())).current
+            replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=kept_recipe).current
             kept_vs_eager = None if replayed.speedup() is None else round(replayed.speedup(), 3)
+    together = _together(session, *searched, kept_recipe, args.together) if args.together else {}
     best_vs_eager = None if session.current.speedup() is None else round(session.current.speedup(), 3)
     if args.save_recipe and kept is not None and best_vs_eager and (kept_vs_eager is None or best_vs_eager > kept_vs_eager):
         _keep(kept, first.recipe, " ".join(sys.argv), best_vs_eager, kept_vs_eager)
@@ -123,13 +138,53 @@ def main() -> None:
             "first_s_per_candidate": round(first.seconds / max(1, len(first.candidates) - 1), 2),
             "first_with_replay_s": round(first_s, 1),
             "first_compiles": first.builds,
-            "second_search_s": round(second.seconds, 1),
-            "second_compiles": second.builds,
-            "second_best": second.best.title,
+            **({
+                "second_search_s": round(second.seconds, 1),
+                "second_compiles": second.builds,
+                "second_best": second.best.title,
+            } if second else {}),
+            **together,
             "load": round(os.getloadavg()[0], 2),
         },
         args.json,
     )
+
+
+def _together(session, module, inputs, kwargs, kept_recipe: list | None, seconds: float) -> dict:
+    """The search's best (``session``'s recipe), ``auto_optimize`` and the kept recipe, each replayed from the naive
+    step of the searched ``module`` (their builds in the cache), eager and torch.compile, in one interleaved run of
+    ``seconds`` on the search's example call: each one's median, and the ratios of dcnb's to eager's and to
+    torch.compile's (below 1 faster)."""
+    import torch
+
+    import dcnb
+    from dcnb._src import timing, verify
+
+    modules = {"eager": module, "torch_compile": torch.compile(module)}
+    failed = {}
+    for name, recipe in (("search", session.recipe), ("auto_optimize", [{"name": "auto_optimize"}]),
+                         ("kept_recipe", kept_recipe)):
+        if recipe is None:
+            continue
+        try:
+            replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=recipe, baselines=(), time_budget=0.0)
+        except dcnb.DcnbError as e:
+            failed[name] = str(e).splitlines()[0][:200]
+            continue
+        modules[name] = replayed.module
+    calls = {name: session._baselines.call(m) for name, m in modules.items()}
+    with verify.preserved(module, session.training):
+        times = timing.interleaved(calls, budget_s=seconds, warmup=1, min_runs=3)
+    eager, compiled = times["eager"].median, times["torch_compile"].median
+    dcnbs = [name for name in modules if name not in ("eager", "torch_compile")]
+    return {
+        "together_ms": {name: round(t.median, 3) for name, t in times.items()},
+        "together_time_over_eager": {name: round(times[name].median / eager, 3) for name in dcnbs},
+        "together_time_over_torch_compile": {name: round(times[name].median / compiled, 3) for name in dcnbs},
+        "together_runs": min(t.runs for t in times.values()),
+        "together_noisy": [name for name, t in times.items() if t.spread is not None and t.spread > timing.NOISY_SPREAD],
+        **({"together_failed": failed} if failed else {}),
+    }
 
 
 def _keep(path: pathlib.Path, recipe: list, command: str, best: float, kept: float | None) -> None:
