@@ -52,3 +52,61 @@ def test_a_map_of_several_tasklets_is_vectorized_as_one():
     silu = [n for n, _ in session.forward_sdfg.all_nodes_recursive() if isinstance(n, nodes.Tasklet) and "Mult" in n.label]
     assert silu and all(len(n.out_connectors) == 2 for n in silu), [n.label for n in silu]  # product and sigmoid
     assert "dace::vec<float" in cpu_source(session._states[-1].runner.forward_binary)
+
+
+def test_maps_passing_values_through_a_transient_of_one_name_are_merged_each_on_its_own():
+    # auto_optimize's column sums leave maps in one state that each pass a value through their own access node of
+    # one transient (GPT-2's backward after fuse_rows and auto_optimize): merging the first took the others' nodes
+    import dace
+    import numpy as np
+
+    from dcnb._src.actions.vectorize import merge_tasklets
+
+    n = 16
+    sdfg = dace.SDFG("shared_transient")
+    for name in ("a", "b", "c"):
+        sdfg.add_array(name, [n], dace.float32)
+    sdfg.add_array("t", [1], dace.float32, transient=True)
+    state = sdfg.add_state()
+    a = state.add_access("a")
+    for out, factor in (("b", 2), ("c", 3)):
+        entry, exit_ = state.add_map(f"m_{out}", {"i": f"0:{n}"})
+        scale = state.add_tasklet(f"scale_{out}", {"x"}, {"y"}, f"y = x * {factor}")
+        shift = state.add_tasklet(f"shift_{out}", {"x"}, {"y"}, "y = x + 1")
+        passed = state.add_access("t")
+        state.add_memlet_path(a, entry, scale, dst_conn="x", memlet=dace.Memlet("a[i]"))
+        state.add_edge(scale, "y", passed, None, dace.Memlet("t[0]"))
+        state.add_edge(passed, None, shift, "x", dace.Memlet("t[0]"))
+        state.add_memlet_path(shift, exit_, state.add_access(out), src_conn="y", memlet=dace.Memlet(f"{out}[i]"))
+    assert merge_tasklets(sdfg, None) == 2
+    sdfg.validate()
+    x = np.random.rand(n).astype(np.float32)
+    b, c = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    sdfg(a=x, b=b, c=c)
+    np.testing.assert_allclose(b, 2 * x + 1, rtol=1e-6)
+    np.testing.assert_allclose(c, 3 * x + 1, rtol=1e-6)
+
+
+def test_a_map_of_tasklets_that_read_nothing_is_merged_inside_the_map():
+    # the resets of fuse_rows' column sums after auto_optimize: one map of independent tasklets, each writing a
+    # constant, sitting in the map by empty memlets; merged without one, the tasklet fell out of the map's scope
+    import dace
+    import numpy as np
+
+    from dcnb._src.actions.vectorize import merge_tasklets
+
+    n = 16
+    sdfg = dace.SDFG("resets")
+    state = sdfg.add_state()
+    entry, exit_ = state.add_map("reset", {"i": f"0:{n}"})
+    for name, value in (("b", 1), ("c", 2)):
+        sdfg.add_array(name, [n], dace.float32)
+        tasklet = state.add_tasklet(f"reset_{name}", {}, {"y"}, f"y = {value}")
+        state.add_nedge(entry, tasklet, dace.Memlet())
+        state.add_memlet_path(tasklet, exit_, state.add_access(name), src_conn="y", memlet=dace.Memlet(f"{name}[i]"))
+    assert merge_tasklets(sdfg, None) == 1
+    sdfg.validate()
+    b, c = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    sdfg(b=b, c=c)
+    np.testing.assert_array_equal(b, np.ones(n, np.float32))
+    np.testing.assert_array_equal(c, np.full(n, 2, np.float32))

@@ -207,6 +207,7 @@ def _chain(state: dace.SDFGState, entry: nodes.MapEntry) -> list[nodes.Tasklet] 
 def _merge(state: dace.SDFGState, entry: nodes.MapEntry, order: list[nodes.Tasklet]) -> nodes.Tasklet:
     """One tasklet in place of ``order``'s, inputs and outputs kept, each passed value a local."""
     exit_node = state.exit_node(entry)
+    body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
     inputs, outputs, code = {}, {}, []
     local = {}  # one-element transient -> the local holding its value
     edges_in, edges_out = [], []  # (connector, edge) to re-attach
@@ -231,7 +232,8 @@ def _merge(state: dace.SDFGState, entry: nodes.MapEntry, order: list[nodes.Taskl
         renamer = PythonConnectorRenamer(renamed)
         code += [ast.unparse(renamer.visit(copy.deepcopy(statement))) for statement in tasklet.code.code]
     # a passed value that also leaves the map (stored for the backward) is an output of its own
-    passed = [n for n in state.nodes() if isinstance(n, nodes.AccessNode) and n.data in local]
+    # this map's own: another map of the state may pass values through a transient of the same name
+    passed = [n for n in body if isinstance(n, nodes.AccessNode) and n.data in local]
     stored = []
     for node in passed:
         for e in state.out_edges(node):
@@ -243,6 +245,8 @@ def _merge(state: dace.SDFGState, entry: nodes.MapEntry, order: list[nodes.Taskl
     merged = state.add_tasklet("_".join(t.label for t in order), inputs, outputs, "\n".join(code))
     for name, e in edges_in:
         state.add_edge(e.src, e.src_conn, merged, name, copy.deepcopy(e.data))
+    if not edges_in:  # tasklets that read nothing (accumulators' resets) sit in the map by an empty memlet
+        state.add_nedge(entry, merged, dace.Memlet())
     for name, e in edges_out:
         state.add_edge(merged, name, e.dst, e.dst_conn, copy.deepcopy(e.data))
     for name, node, e in stored:
