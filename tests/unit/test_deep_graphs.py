@@ -318,27 +318,3 @@ def test_a_state_s_sinks_and_node_indices_are_found_with_one_walk_while_it_does_
         assert state.node_id(node) == i
         state.sink_nodes()
     assert len(sinks) <= 1 and not ids
-
-
-def test_a_library_node_over_cpu_memory_is_not_placed_on_the_gpu_host_by_a_walk_of_its_state(scope_walks):
-    from dace.libraries.blas import MatMul
-
-    from dcnb._src.fixes.registry import on_gpu_host
-
-    sdfg = dace.SDFG("products")
-    state = sdfg.add_state()
-    products = []
-    for k in range(8):
-        for name in (f"a{k}", f"b{k}", f"c{k}"):
-            sdfg.add_array(name, [4, 4], dace.float32)
-        product = MatMul(f"matmul{k}")
-        state.add_node(product)
-        state.add_edge(state.add_access(f"a{k}"), None, product, "_a", dace.Memlet(f"a{k}[0:4, 0:4]"))
-        state.add_edge(state.add_access(f"b{k}"), None, product, "_b", dace.Memlet(f"b{k}[0:4, 0:4]"))
-        state.add_edge(product, "_c", state.add_access(f"c{k}"), None, dace.Memlet(f"c{k}[0:4, 0:4]"))
-        products.append(product)
-    for product in products:
-        state.add_access("a0")  # as each expansion changes the state, its scopes are worked out anew when asked
-        assert not on_gpu_host(product, state, sdfg)
-    # its operands are in the CPU's memory: where the node sits among the state's scopes is not asked
-    assert not scope_walks

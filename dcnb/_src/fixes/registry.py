@@ -104,9 +104,7 @@ def on_cpu(node, state, sdfg) -> bool:
 def on_gpu_host(node, state, sdfg) -> bool:
     """Whether ``node`` is called from the host (outside kernels) over GPU memory only: where a CUDA build calls a
     GPU library (cuBLAS, cuDNN) for it, on the stream its kernels run on."""
-    edges = (*state.in_edges(node), *state.out_edges(node))
-    descs = [sdfg.arrays[e.data.data] for e in edges if e.data.data is not None]
-    if not descs or any(d.storage != dace.StorageType.GPU_Global for d in descs):
+    if is_devicelevel_gpu(sdfg, state, node):
         return False
-    # asked last: it walks the whole state for its scopes, once per library node expanded (a CPU build asks no more)
-    return not is_devicelevel_gpu(sdfg, state, node)
+    descs = [sdfg.arrays[e.data.data] for e in (*state.in_edges(node), *state.out_edges(node))]
+    return bool(descs) and all(d.storage == dace.StorageType.GPU_Global for d in descs)
