@@ -207,9 +207,11 @@ def _chain(state: dace.SDFGState, entry: nodes.MapEntry) -> list[nodes.Tasklet] 
 def _merge(state: dace.SDFGState, entry: nodes.MapEntry, order: list[nodes.Tasklet]) -> nodes.Tasklet:
     """One tasklet in place of ``order``'s, inputs and outputs kept, each passed value a local."""
     exit_node = state.exit_node(entry)
-    body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
     inputs, outputs, code = {}, {}, []
     local = {}  # one-element transient -> the local holding its value
+    # the access nodes the values pass through: this map's own (another map of the state may pass values through
+    # a transient of the same name)
+    passed = []
     edges_in, edges_out = [], []  # (connector, edge) to re-attach
     for k, tasklet in enumerate(order):
         renamed = {}
@@ -225,6 +227,7 @@ def _merge(state: dace.SDFGState, entry: nodes.MapEntry, order: list[nodes.Taskl
         for e in state.out_edges(tasklet):
             if isinstance(e.dst, nodes.AccessNode):
                 local[e.dst.data] = renamed[e.src_conn] = f"__v{len(local)}"
+                passed.append(e.dst)
             else:
                 renamed[e.src_conn] = f"__t{k}{e.src_conn}"
                 outputs[renamed[e.src_conn]] = tasklet.out_connectors[e.src_conn]
@@ -232,8 +235,6 @@ def _merge(state: dace.SDFGState, entry: nodes.MapEntry, order: list[nodes.Taskl
         renamer = PythonConnectorRenamer(renamed)
         code += [ast.unparse(renamer.visit(copy.deepcopy(statement))) for statement in tasklet.code.code]
     # a passed value that also leaves the map (stored for the backward) is an output of its own
-    # this map's own: another map of the state may pass values through a transient of the same name
-    passed = [n for n in body if isinstance(n, nodes.AccessNode) and n.data in local]
     stored = []
     for node in passed:
         for e in state.out_edges(node):
