@@ -13,8 +13,8 @@ best there where it is faster than the kept one in this run, with the command in
     DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --model bert_mini_layer --budget 600 --save-recipe --json
 
 ``--once`` runs the first search only. ``--together SECONDS`` (default 20; 0: none) ends with one interleaved run of
-eager, torch.compile, the search's best, ``auto_optimize`` and the kept recipe (each replayed from the naive step,
-their builds in the cache): the comparison the search's goal is about, from one run rather than runs minutes apart.
+eager, torch.compile, the search's best, the kept recipe and ``auto_optimize`` (replayed from the naive step, its
+builds in the cache): the comparison the search's goal is about, from one run rather than runs minutes apart.
 
     DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --model gpt2_block --budget 600 --once --json
 
@@ -100,15 +100,16 @@ def main() -> None:
     def speedup(candidate) -> float | None:
         return None if candidate is None or candidate.ratio is None else round(1 / candidate.ratio, 3)
 
-    kept = kept_vs_eager = kept_recipe = None
+    kept = kept_vs_eager = None
+    built = {"search": session.module}  # the search's best, its steps in the session's history
     if args.model:
         kept = pathlib.Path(__file__).parent / "recipes" / f"{args.model}.json"
         if kept.exists():
-            kept_recipe = json.loads(kept.read_text())
-            module, inputs, kwargs = made()
-            replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=kept_recipe).current
-            kept_vs_eager = None if replayed.speedup() is None else round(replayed.speedup(), 3)
-    together = _together(session, *searched, kept_recipe, args.together) if args.together else {}
+            module, inputs, kwargs = searched
+            replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=json.loads(kept.read_text()))
+            kept_vs_eager = None if replayed.current.speedup() is None else round(replayed.current.speedup(), 3)
+            built["kept_recipe"] = replayed.module
+    together = _together(session, *searched, built, args.together) if args.together else {}
     best_vs_eager = None if session.current.speedup() is None else round(session.current.speedup(), 3)
     if args.save_recipe and kept is not None and best_vs_eager and (kept_vs_eager is None or best_vs_eager > kept_vs_eager):
         _keep(kept, first.recipe, " ".join(sys.argv), best_vs_eager, kept_vs_eager)
@@ -150,28 +151,24 @@ def main() -> None:
     )
 
 
-def _together(session, module, inputs, kwargs, kept_recipe: list | None, seconds: float) -> dict:
-    """The search's best (``session``'s recipe), ``auto_optimize`` and the kept recipe, each replayed from the naive
-    step of the searched ``module`` (their builds in the cache), eager and torch.compile, in one interleaved run of
-    ``seconds`` on the search's example call: each one's median, and the ratios of dcnb's to eager's and to
+def _together(session, module, inputs, kwargs, built: dict, seconds: float) -> dict:
+    """The compiled modules ``built`` (the search's best, the kept recipe's), ``auto_optimize`` replayed from the
+    naive step of the searched ``module`` (its builds in the cache), eager and torch.compile, in one interleaved run
+    of ``seconds`` on the search's example call: each one's median, and the ratios of dcnb's to eager's and to
     torch.compile's (below 1 faster)."""
     import torch
 
     import dcnb
     from dcnb._src import timing, verify
 
-    modules = {"eager": module, "torch_compile": torch.compile(module)}
+    modules = {"eager": module, "torch_compile": torch.compile(module), **built}
     failed = {}
-    for name, recipe in (("search", session.recipe), ("auto_optimize", [{"name": "auto_optimize"}]),
-                         ("kept_recipe", kept_recipe)):
-        if recipe is None:
-            continue
-        try:
-            replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=recipe, baselines=(), time_budget=0.0)
-        except dcnb.DcnbError as e:
-            failed[name] = str(e).splitlines()[0][:200]
-            continue
-        modules[name] = replayed.module
+    try:
+        replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=[{"name": "auto_optimize"}], baselines=(),
+                               time_budget=0.0)
+        modules["auto_optimize"] = replayed.module
+    except dcnb.DcnbError as e:
+        failed["auto_optimize"] = str(e).splitlines()[0][:200]
     calls = {name: session._baselines.call(m) for name, m in modules.items()}
     with verify.preserved(module, session.training):
         times = timing.interleaved(calls, budget_s=seconds, warmup=1, min_runs=3)
