@@ -84,6 +84,12 @@ class Child:
             raise value
         return value
 
+    def waited(self) -> object:
+        """``result`` once the process has ended, waiting for it (an interrupt meanwhile is raised here)."""
+        if self.status is None:
+            _, self.status = os.waitpid(self.pid, 0)
+        return self.result()
+
     def stage(self) -> str:
         """What the process said it was doing last (``entering``), empty if nothing."""
         self._stage.seek(0)

@@ -17,7 +17,8 @@ from torch import nn
 
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
-from . import actions, alone, arguments, cuda_check, diff, events, native, passes, probe, program, timing, verify, workdir
+from . import actions, alone, arguments, cuda_check, diff, events, forked, native, passes, probe, program, timing
+from . import verify, workdir
 from . import search as search_module
 from .analysis import Analysis
 from .errors import DcnbError, InputError, StepError, check, describe
@@ -480,18 +481,34 @@ class Session:
             before = tuple(a for a in state.applied if actions.get(a.name).before_autodiff)
             after = tuple(a for a in state.applied if not actions.get(a.name).before_autodiff)
             return self._begin_from(pre, (*before, applied), compiles, index, count, replay=after)
-        prog = dataclasses.replace(
-            state.sdfgs, forward=copy.deepcopy(state.sdfgs.forward), backward=copy.deepcopy(state.sdfgs.backward)
-        )
+        # each side is replaced by its transformed copy as it is made
+        prog = dataclasses.replace(state.sdfgs)
         counts = []
 
         def transformed() -> Iterator[dace.SDFG | None]:
-            for side in _build_order(prog):
-                if side is not None:
-                    if side is prog.forward and prog.backward is not None:
-                        self._progress(f"applying {applied.name} to the forward while the backward compiles")
-                    counts.append(_run(action, side, applied, self.device))
-                yield side  # compiled while the next side is transformed
+            if prog.backward is None:
+                prog.forward = copy.deepcopy(prog.forward)
+                counts.append(_run(action, prog.forward, applied, self.device))
+                yield from (None, prog.forward)  # the build order, no backward
+            else:
+                # the forward is transformed meanwhile in a process of its own, on the fork's copy of it: on a
+                # 12-layer transformer each side's transformation takes a minute, and there are two cores
+                self._progress(f"applying {applied.name} to the backward, and to the forward alongside")
+                with forked.interrupts_deferred():  # an interrupt between the fork and the try would leave it
+                    forward = forked.Child(_transformed, action, prog.forward, applied, self.device)
+                try:
+                    prog.backward = copy.deepcopy(prog.backward)
+                    counts.append(_run(action, prog.backward, applied, self.device))
+                    yield prog.backward  # compiled while the forward is finished
+                    try:
+                        prog.forward, count = forward.waited()
+                    except forked.Lost as e:
+                        raise StepError(f"{applied.name} on the forward: its process {e}") from None
+                finally:
+                    forward.kill()
+                    forward.reap()
+                counts.append(count)
+                yield prog.forward
             why_not = _why_not(action, prog, applied)
             check(sum(counts), f"{applied.name} matches nothing in the forward or backward SDFG{why_not}")
 
@@ -791,8 +808,8 @@ def _building(stages: dict[str, str]) -> str:
 
 
 def _build_order(prog: Program) -> tuple[dace.SDFG | None, dace.SDFG]:
-    """The backward (None where there is none), then the forward: the backward's compile is the longer, and a step
-    transforms the forward while it runs."""
+    """The backward (None where there is none), then the forward: the backward's compile is the longer, and starts
+    first."""
     return prog.backward, prog.forward
 
 
@@ -813,6 +830,11 @@ def _run(action: actions.Action, sdfg: dace.SDFG, applied: Entry, device: str, s
         if not strict and action.count(sdfg, applied.where, applied.options) == 0:
             return 0
         return action.run(sdfg, applied.where, applied.options, device)
+
+
+def _transformed(action: actions.Action, sdfg: dace.SDFG, applied: Entry, device: str) -> tuple[dace.SDFG, int]:
+    """In a forked process (``forked.Child``): its copy of ``sdfg`` transformed, and how many places matched."""
+    return sdfg, _run(action, sdfg, applied, device)
 
 
 def _why_not(action: actions.Action, prog: Program, applied: Entry) -> str:

@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -331,7 +332,53 @@ def test_a_compile_that_hangs_is_stopped_after_the_limit(isolated, tmp_path, mon
     assert step.ok and _state(session) != before
 
 
-# --- 6. no C++ call path ------------------------------------------------------------------------------------------
+# --- 6. the forward's transformation fails in its process ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["raises", "dies", "interrupted"])
+def test_a_forward_transformation_that_fails_in_its_process_leaves_the_session_as_it_was(
+    isolated, monkeypatch, children, how
+):
+    # an action after autodiff transforms the forward in a forked process while this one transforms the backward
+    session = _session(2, 3, 5, 5)
+    before, history, here = _state(session), session.history, os.getpid()
+    children.clear()
+    run = session_module._run
+
+    def failing(action, sdfg, *args, **kwargs):
+        if os.getpid() != here:  # the forked process, transforming the forward
+            if how == "dies":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "interrupted":
+                time.sleep(60)  # still at work when the interrupt comes
+            raise ValueError("the forward's transformation broke")
+        if how == "interrupted":
+            raise KeyboardInterrupt  # while the backward is transformed (Cancel, Ctrl-C)
+        return run(action, sdfg, *args, **kwargs)
+
+    monkeypatch.setattr(session_module, "_run", failing)
+    start = time.monotonic()
+    if how == "interrupted":
+        with pytest.raises(KeyboardInterrupt):
+            session.apply("map_fusion")
+        assert session.history[-1].error.startswith("cancelled while applying map_fusion")
+    else:
+        step = session.apply("map_fusion")
+        said = {
+            "raises": "map_fusion raised ValueError: the forward's transformation broke",
+            "dies": "map_fusion on the forward: its process ended without a result (signal 9)",
+        }
+        assert not step.ok and step.error == said[how], step.error
+    assert time.monotonic() - start < 30  # not the forked process's minute
+    # the forward's process, and unless the interrupt came first the backward's compile: stopped with the step
+    assert len(children) == (1 if how == "interrupted" else 2)
+    assert not [p for pgid in children for p in _in_group(pgid)]
+    assert _state(session) == before and session.history[:-1] == history
+    monkeypatch.setattr(session_module, "_run", run)
+    assert session.apply("map_fusion").ok
+
+
+# --- 7. no C++ call path ------------------------------------------------------------------------------------------
 
 _NATIVE = """
 import json, warnings, torch, dcnb
