@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# make gpu: the CUDA path on a machine with a GPU and a CUDA build of PyTorch, in one command that ends within 10
-# minutes on an H100 (its builds included). Each part prints its figures as JSON lines, gathered in
-# $GPU_OUT/benchmarks.jsonl (out/gpu by default) beside each part's log.
+# make gpu: the CUDA path on a machine with a GPU and a CUDA build of PyTorch, in one command (its builds included;
+# over 10 minutes on an H100 with every model). Each part prints its figures as JSON lines, gathered in
+# $GPU_OUT/benchmarks.jsonl (out/gpu by default) beside each part's log. GPU_MODELS="resnet vit ..." times those
+# models only (default: all of benchmarks/models.py's), GPU_ZOO=0 leaves out the zoo on CUDA: a shorter run.
 #
 # A GPU machine that reaches no package index gets DaCe and what its image lacks from .whl/ (`make gpu-wheels`
 # fills it where pip reaches one), installed beside its own Python's packages, never over them.
@@ -10,6 +11,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT_DIR=${GPU_OUT:-out/gpu}
 JOBS=${GPU_JOBS:-$(nproc)}
+read -ra MODELS <<<"${GPU_MODELS:-}"
+ONLY=(${MODELS[@]:+--only "${MODELS[@]}"})
 mkdir -p "$OUT_DIR"
 : >"$OUT_DIR/benchmarks.jsonl"
 
@@ -68,19 +71,19 @@ export DCNB_NATIVE_CUDA=1
 # stream, CUDA graphs replayed, cuBLAS and cuDNN), the model zoo on CUDA in eval and training mode, and the Hugging
 # Face models' steps made for the timed run below
 tests tests_path $((JOBS / 3)) -k "not zoo" &
-tests tests_zoo $((JOBS / 2)) -k zoo &
-part models_build "$PY" benchmarks/models.py --device cuda --warm $((JOBS / 2)) --build-only &
+[ "${GPU_ZOO:-1}" = 0 ] || tests tests_zoo $((JOBS / 2)) -k zoo &
+part models_build "$PY" benchmarks/models.py --device cuda --warm $((JOBS / 2)) --build-only "${ONLY[@]}" &
 wait
-# then what is timed, one at a time on a quiet machine: Mish 8x32x224x224 forward+backward and the norms, each one
-# interleaved run against eager, torch.compile and torch.jit (the C++ path replaying CUDA graphs), the models'
-# naive and best steps against eager, then what the C++ path and the graphs buy (Mish from Python, and from C++
-# without graphs)
+# then what is timed, one at a time on a quiet machine, what has run least first: Mish 8x32x224x224
+# forward+backward through the C++ path with CUDA graphs and without them, each one interleaved run against eager,
+# torch.compile and torch.jit, then the models' naive and best steps against eager (a model's process ended after
+# 120 s), the norms, and Mish from Python
 MISH=(benchmarks/mish.py --device cuda --json --jit --budget 10 --recipe map_fusion,tasklet_fusion,simplify_algebra)
 part mish "$PY" "${MISH[@]}"
-part norms "$PY" benchmarks/norms.py --device cuda --json --budget 5
-part models "$PY" benchmarks/models.py --device cuda --json --budget 1 --baselines torch
-part mish_python env DCNB_NATIVE=0 "$PY" "${MISH[@]}"
 part mish_no_graphs env DCNB_CUDA_GRAPHS=0 "$PY" "${MISH[@]}"
+part models "$PY" benchmarks/models.py --device cuda --json --budget 1 --baselines torch --timeout 120 "${ONLY[@]}"
+part norms "$PY" benchmarks/norms.py --device cuda --json --budget 5
+part mish_python env DCNB_NATIVE=0 "$PY" "${MISH[@]}"
 
 status=0
 [ -s "$FAILED" ] && status=1
