@@ -480,11 +480,7 @@ class _Compiles:
 
     def __exit__(self, *exc) -> None:
         self._queued.clear()
-        with forked.interrupts_deferred():  # a second interrupt while stopping them must not leave one running
-            for child in self._children.values():
-                child.kill()
-            for child in self._children.values():
-                child.reap()
+        forked.stop_all(self._children.values())
 
 
 def _compiler_error(log: str) -> str:

@@ -188,10 +188,8 @@ class DaskCompiles:
             child.resume()
 
     def __exit__(self, *exc) -> None:
-        with forked.interrupts_deferred():
-            for child in self._generating.values():
-                child.kill()
-                child.reap()
+        with forked.interrupts_deferred():  # the futures too: one held interrupt is raised after both
+            forked.stop_all(self._generating.values())
             for future in self._compiling.values():
                 future.cancel()
         self._generating, self._compiling = {}, {}

@@ -237,8 +237,7 @@ class Builds:
             finally:
                 os.close(job.go)
                 with self._lock:
-                    job.child.kill()  # (where it ended, nothing)
-                    job.child.reap()
+                    job.child.stop()  # (where it ended, a reap)
 
     def _one(self, job: _Job) -> None:
         try:

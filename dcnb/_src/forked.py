@@ -14,7 +14,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from .errors import describe
@@ -119,6 +119,20 @@ class Child:
             _, self.status = os.waitpid(self.pid, 0)
         self._outcome.close()
         self._stage.close()
+
+    def stop(self) -> None:
+        stop_all([self])
+
+
+def stop_all(children: Iterable[Child]) -> None:
+    """Each child killed, then each reaped, an interrupt meanwhile held back: a second Ctrl-C while stopping them
+    must not leave one running, or unreaped."""
+    children = list(children)
+    with interrupts_deferred():
+        for child in children:
+            child.kill()
+        for child in children:
+            child.reap()
 
 
 def _die_with_parent(parent: int) -> None:
