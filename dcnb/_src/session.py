@@ -483,37 +483,17 @@ class Session:
             return self._begin_from(pre, (*before, applied), compiles, index, count, replay=after)
         # each side is replaced by its transformed copy as it is made
         prog = dataclasses.replace(state.sdfgs)
-        counts = []
+        counts: dict[str, int] = {}
 
         def transformed() -> Iterator[dace.SDFG | None]:
-            if prog.backward is None:
-                prog.forward = copy.deepcopy(prog.forward)
-                counts.append(_run(action, prog.forward, applied, self.device))
-                yield from (None, prog.forward)  # the build order, no backward
-            else:
-                # the forward is transformed meanwhile in a process of its own, on the fork's copy of it: on a
-                # 12-layer transformer each side's transformation takes a minute, and there are two cores
+            if prog.backward is not None:
                 self._progress(f"applying {applied.name} to the backward, and to the forward alongside")
-                with forked.interrupts_deferred():  # an interrupt between the fork and the try would leave it
-                    forward = forked.Child(_transformed, action, prog.forward, applied, self.device)
-                try:
-                    prog.backward = copy.deepcopy(prog.backward)
-                    counts.append(_run(action, prog.backward, applied, self.device))
-                    yield prog.backward  # compiled while the forward is finished
-                    try:
-                        prog.forward, count = forward.waited()
-                    except forked.Lost as e:
-                        raise StepError(f"{applied.name} on the forward: its process {e}") from None
-                finally:
-                    forward.kill()
-                    forward.reap()
-                counts.append(count)
-                yield prog.forward
+            yield from _alongside(prog, lambda s: _run(action, s, applied, self.device), applied.name, counts)
             why_not = _why_not(action, prog, applied)
-            check(sum(counts), f"{applied.name} matches nothing in the forward or backward SDFG{why_not}")
+            check(sum(counts.values()), f"{applied.name} matches nothing in the forward or backward SDFG{why_not}")
 
         building = self._start_build(prog, transformed(), applied.name, compiles)
-        return _Begun(state.pre, prog, building, (*state.applied, applied), index, sum(counts))
+        return _Begun(state.pre, prog, building, (*state.applied, applied), index, sum(counts.values()))
 
     def _make_state(
         self,
@@ -538,21 +518,32 @@ class Session:
         """The state for a forward SDFG before autodiff, begun: differentiated, then the after-autodiff steps of
         ``replay`` applied again; each that no longer matches is left out of the recipe, and the step says so."""
         self._progress("generating the backward pass by autodiff" if self.backward else "preparing the forward pass")
-        notes, kept = [], []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prog = program.differentiate(pre, self._imported, self._wrt() if self.backward else [])
-            for entry in replay:
-                action = actions.get(entry.name)
-                if sum(_run(action, s, entry, self.device, strict=False) for s in _sides(prog)):
-                    kept.append(entry)
-                else:
-                    notes.append(
-                        f"{entry.name}, applied after autodiff before, matches nothing now; left out of the recipe"
-                    )
+        counts: dict[str, list[int]] = {}  # "forward", "backward" -> each entry of replay's count there
+
+        def replayed(sdfg: dace.SDFG) -> list[int]:
+            return [_run(actions.get(e.name), sdfg, e, self.device, strict=False) for e in replay]
+
+        def sides() -> Iterator[dace.SDFG | None]:
+            names = ", ".join(e.name for e in replay)
+            if prog.backward is not None:
+                self._progress(f"applying {names} again to the backward, and to the forward alongside")
+            yield from _alongside(prog, replayed, f"{names} applied again", counts, own=True)
+
+        # the step's own entry: a recipe replayed from the naive step has none before autodiff, and ends in replay's
+        name = _last(applied or replay).name
+        building = self._start_build(prog, sides() if replay else _build_order(prog), name, compiles)
+        matched = [sum(c) for c in zip(*counts.values())] if replay else []
+        kept = tuple(e for e, n in zip(replay, matched) if n)
+        notes = tuple(
+            f"{e.name}, applied after autodiff before, matches nothing now; left out of the recipe"
+            for e, n in zip(replay, matched)
+            if not n
+        )
         applied = (*applied[:-1], *kept, *applied[-1:])
-        building = self._start_build(prog, _build_order(prog), _last(applied).name, compiles)
-        return _Begun(pre, prog, building, applied, index, count, tuple(notes))
+        return _Begun(pre, prog, building, applied, index, count, notes)
 
     def _start_build(
         self, prog: Program, sides: Iterable[dace.SDFG | None], name: str, compiles: builder.Compiles
@@ -832,9 +823,37 @@ def _run(action: actions.Action, sdfg: dace.SDFG, applied: Entry, device: str, s
         return action.run(sdfg, applied.where, applied.options, device)
 
 
-def _transformed(action: actions.Action, sdfg: dace.SDFG, applied: Entry, device: str) -> tuple[dace.SDFG, int]:
-    """In a forked process (``forked.Child``): its copy of ``sdfg`` transformed, and how many places matched."""
-    return sdfg, _run(action, sdfg, applied, device)
+def _alongside(
+    prog: Program, work: Callable[[dace.SDFG], Any], what: str, done: dict[str, Any], own: bool = False
+) -> Iterator[dace.SDFG | None]:
+    """``work`` done on each side of ``prog``, each side yielded as it is done, in the build order
+    (``_build_order``), so that its compile starts: the backward here and the forward meanwhile in a forked process
+    of its own, on the fork's copy, which comes back pickled (on a 12-layer transformer each side's transformation
+    takes a minute, and there are two cores). ``done`` gets ``work``'s result per side. The sides are replaced by
+    copies first unless they are ``prog``'s ``own`` (not a kept state's too)."""
+    if prog.backward is None:
+        prog.forward = prog.forward if own else copy.deepcopy(prog.forward)
+        done["forward"] = work(prog.forward)
+        yield from (None, prog.forward)
+        return
+    with forked.interrupts_deferred():  # an interrupt between the fork and the try would leave it
+        forward = forked.Child(_worked, work, prog.forward)
+    try:
+        prog.backward = prog.backward if own else copy.deepcopy(prog.backward)
+        done["backward"] = work(prog.backward)
+        yield prog.backward  # compiled while the forward is finished
+        try:
+            prog.forward, done["forward"] = forward.waited()
+        except forked.Lost as e:
+            raise StepError(f"{what} on the forward: its process {e}") from None
+    finally:
+        forward.stop()
+    yield prog.forward
+
+
+def _worked(work: Callable[[dace.SDFG], Any], sdfg: dace.SDFG) -> tuple[dace.SDFG, Any]:
+    """In a forked process (``forked.Child``): its copy of ``sdfg`` after ``work``, and what ``work`` returned."""
+    return sdfg, work(sdfg)
 
 
 def _why_not(action: actions.Action, prog: Program, applied: Entry) -> str:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dcnb
-from dcnb._src import events, memory
+from dcnb._src import build, events, forked, memory
 from dcnb._src import session as session_module
 from tests.models import Mish, TinyMLP
 
@@ -215,6 +215,7 @@ def test_a_step_transforms_the_forward_in_a_process_of_its_own_while_it_transfor
 ):
     # on a 12-layer transformer each side's transformation takes a minute (ViT-B/16's auto_optimize: 48 s for the
     # forward, 77 s for the backward, one after the other until the forward's got a forked process of its own)
+    monkeypatch.setattr(build, "_loaded", {})  # every step here compiles: none was loaded before in this process
     session = dcnb.optimize(Mish(), torch.rand(2, 3, 6, 5), baselines=(), time_budget=0.05)
     log = tmp_path / "log"  # both processes append to it: "<event> <side> <pid>"
     run = session_module._run
@@ -235,14 +236,80 @@ def test_a_step_transforms_the_forward_in_a_process_of_its_own_while_it_transfor
         return count
 
     forward_before = session.forward_sdfg.hash_sdfg()
+    _record_compiles_and_waits(monkeypatch, logged)
     monkeypatch.setattr(session_module, "_run", recorded_run)
     step = session.apply("map_fusion")
     assert step.ok and step.compile_seconds > 0, step.error
     events = [line.split() for line in log.read_text().splitlines()]
-    pids = {side: int(pid) for _, side, pid, *_ in events}
+    pids = {side: int(pid) for event, side, pid, *_ in events if event in ("start", "end")}
     counts = {side: int(rest[0]) for event, side, _, *rest in events if event == "end"}
     assert pids["backward"] == os.getpid() and pids["forward"] != os.getpid()
-    assert [e[:2] for e in events].index(["start", "forward"]) < [e[:2] for e in events].index(["end", "backward"])
+    order = [e[:2] for e in events]
+    assert order.index(["start", "forward"]) < order.index(["end", "backward"])
+    # the backward's compile (the longer) starts before the step waits for the forward, and the forward's after it
+    assert order.index(["compile", "backward"]) < order.index(["wait", "forward"]) < order.index(["compile", "forward"])
     # the forward came back from its process transformed, with its count: it is what was compiled and checked
     assert counts["forward"] > 0 and step.applied == counts["forward"] + counts["backward"]
     assert session.forward_sdfg.hash_sdfg() != forward_before
+
+
+def _record_compiles_and_waits(monkeypatch, logged) -> None:
+    """``logged("compile", side, pid)`` as a side's compile starts, ``logged("wait", "forward", pid)`` as the step
+    waits for the forward's process."""
+    start, waited = build._Compiles.start, forked.Child.waited
+
+    def recorded_start(self, sdfg, *args):
+        logged("compile", "backward" if "backward" in sdfg.name else "forward", os.getpid())
+        return start(self, sdfg, *args)
+
+    def recorded_waited(self):
+        logged("wait", "forward", os.getpid())
+        return waited(self)
+
+    monkeypatch.setattr(build._Compiles, "start", recorded_start)
+    monkeypatch.setattr(forked.Child, "waited", recorded_waited)
+
+
+def test_a_replay_after_a_step_before_autodiff_redoes_the_later_steps_on_both_sides_at_once(
+    fresh_cache, monkeypatch, tmp_path
+):
+    # tasklet_fusion works before autodiff: the backward is made again, and every step after autodiff is applied
+    # to both sides again (as a recipe's replay does), the forward's in a process of its own
+    monkeypatch.setattr(build, "_loaded", {})  # every step here compiles: none was loaded before in this process
+    session = dcnb.optimize(Mish(), torch.rand(2, 4, 16, 16), baselines=(), time_budget=0.05)
+    assert session.apply("vectorization").ok
+    log = tmp_path / "log"
+    run = session_module._run
+
+    def logged(*event: object) -> None:
+        with log.open("a") as f:
+            f.write(" ".join(map(str, event)) + "\n")
+
+    def recorded_run(action, sdfg, *args, **kwargs):
+        side = "pre" if action.before_autodiff else "backward" if "backward" in sdfg.name else "forward"
+        logged("start", side, os.getpid(), action.name)
+        if side == "backward":  # done only once the forward's has begun: one after the other, it never would
+            deadline = time.monotonic() + 20
+            while "start forward" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        count = run(action, sdfg, *args, **kwargs)
+        logged("end", side, os.getpid(), action.name, count)
+        return count
+
+    _record_compiles_and_waits(monkeypatch, logged)
+    monkeypatch.setattr(session_module, "_run", recorded_run)
+    step = session.apply("tasklet_fusion")
+    assert step.ok, step.error
+    events = [line.split() for line in log.read_text().splitlines()]
+    order = [e[:2] for e in events]
+    runs = {(e[1], e[3]): int(e[2]) for e in events if e[0] == "start"}
+    assert runs[("pre", "tasklet_fusion")] == os.getpid()
+    assert runs[("backward", "vectorization")] == os.getpid() and runs[("forward", "vectorization")] != os.getpid()
+    assert order.index(["start", "forward"]) < order.index(["end", "backward"])
+    assert order.index(["compile", "backward"]) < order.index(["wait", "forward"]) < order.index(["compile", "forward"])
+    # vectorization matched again, so it stays in the recipe
+    counts = {(e[1], e[3]): int(e[4]) for e in events if e[0] == "end"}
+    assert counts[("forward", "vectorization")] + counts[("backward", "vectorization")] > 0
+    assert not [note for note in step.notes if "matches nothing now" in note]
+    # the step's own action stays last
+    assert [entry["name"] for entry in session.recipe] == ["vectorization", "tasklet_fusion"]
