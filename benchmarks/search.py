@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
     parser.add_argument("--objective", default="time")
     parser.add_argument("--beam", type=int, default=3)
-    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=None, help="longest sequence (default: budget)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="compile on a local Dask cluster of this many workers")
     parser.add_argument("--cluster", default=None, help="compile on the Dask cluster whose scheduler is at this address")
@@ -119,7 +119,7 @@ def main() -> None:
         best_time = round(1 / best_vs_eager, 3) if best_vs_eager else None
         kept_time = round(1 / kept_vs_eager, 3) if kept_vs_eager else None
     if args.save_recipe and kept is not None and best_time and (kept_time is None or best_time < kept_time):
-        _keep(kept, first.recipe, " ".join(sys.argv), best_time, kept_time)
+        _keep(kept, first.recipe, " ".join(sys.argv), best_time, kept_time, over.get("auto_optimize"))
 
     print_result(
         {
@@ -191,15 +191,19 @@ def _together(session, module, inputs, kwargs, built: dict, seconds: float) -> d
     }
 
 
-def _keep(path: pathlib.Path, recipe: list, command: str, best: float, kept: float | None) -> None:
+def _keep(
+    path: pathlib.Path, recipe: list, command: str, best: float, kept: float | None, auto: float | None
+) -> None:
     """The search's best as the model's kept recipe, and how it was found in the recipes' README (``best``,
-    ``kept``: each one's time over eager's)."""
+    ``kept``, ``auto``: the search's best's, the kept recipe's and auto_optimize's time over eager's)."""
     path.write_text(json.dumps(recipe, indent=1) + "\n")
     readme = path.parent / "README.md"
-    before = kept if kept is None else f"{kept:.2f}x"
+    against = "the first recipe kept for it" if kept is None else f"against the kept recipe's {kept:.2f}x"
+    if auto is not None:
+        against += f", auto_optimize's {auto:.2f}x"
     line = (
         f"- `{path.name}`: found by `{command}` on {time.strftime('%Y-%m-%d')}: {best:.2f}x eager's time in its "
-        f"replay against the kept recipe's {before} (load {os.getloadavg()[0]:.1f})\n"
+        f"replay, {against} (load {os.getloadavg()[0]:.1f})\n"
     )
     readme.write_text((readme.read_text() if readme.exists() else "") + line)
 

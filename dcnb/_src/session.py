@@ -410,18 +410,19 @@ class Session:
         objective: str = "time",
         actions: Sequence[str | dict[str, Any]] | None = None,
         beam: int = search_module.BEAM,
-        depth: int = search_module.DEPTH,
+        depth: int | None = None,
         seed: int = 0,
         cluster: Any = None,
     ) -> search_module.SearchResult:
         """Find a recipe: a beam search from the current step over sequences of ``actions`` (names, or recipe
         entries with options; default: every action on offer), each extended by every action that matches at its
-        end, the ``beam`` best of each length kept, up to ``depth`` actions long, until ``budget`` seconds are
-        spent (a candidate begun is finished). Every candidate is built, checked and timed as a step is, but kept
-        out of the history; ``objective`` "time" ranks by dcnb's time over eager's, "memory" by the intermediate
-        bytes, then time; ties are broken by ``random.Random(seed)``. On time, the few best and the start are timed
-        again together at the end, and the fastest there is the best. The best becomes ordinary steps (``apply``
-        for each of its entries); the result holds every candidate tried, failed ones with their reason.
+        end, the ``beam`` best of each length kept, up to ``depth`` actions long (default: as long as the budget
+        lasts), until ``budget`` seconds are spent (a candidate begun is finished). Every candidate is built,
+        checked and timed as a step is, but kept out of the history; ``objective`` "time" ranks by dcnb's time over
+        eager's, "memory" by the intermediate bytes, then time; ties are broken by ``random.Random(seed)``. On time,
+        the few best and the start are timed again together at the end, and the fastest there is the best. The best
+        becomes ordinary steps (``apply`` for each of its entries); the result holds every candidate tried, failed
+        ones with their reason.
 
         The next candidates are transformed and their compiles started while one is checked and timed; where they
         compile: this machine's cores, or with ``cluster`` (a ``dask.distributed.Client`` or a scheduler's address,

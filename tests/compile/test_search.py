@@ -63,6 +63,16 @@ def test_the_search_tries_each_matching_action_and_extends_the_best(searched):
     assert result.builds > 0 and result.seconds < 60
 
 
+def test_with_no_depth_given_the_levels_go_on_while_the_budget_lasts(searched):
+    # a depth of 3 reached the end of a search's levels in 2-6 of its 10 minutes, and left the rest unused
+    _, two = searched
+    result = _session().search(60, **dict(SEARCH, depth=None))
+    assert result.depth is None and "depth open" in result.headline
+    # it ends when no candidate is left to extend (or the budget is spent), never at a depth
+    assert result.stopped in ("nothing left to extend", "budget spent")
+    assert _titles(result)[: len(two.candidates)] == _titles(two)
+
+
 def test_the_best_is_at_least_as_good_as_the_start(searched):
     _, result = searched
     start, best = result.start, result.best
