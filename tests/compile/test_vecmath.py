@@ -54,6 +54,21 @@ def test_a_map_of_several_tasklets_is_vectorized_as_one():
     assert "dace::vec<float" in cpu_source(session._states[-1].runner.forward_binary)
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_a_float_constant_in_vectorized_code_is_a_float(training):
+    # after auto_optimize a BatchNorm's scale is one map of ``1.0 / sqrt(x + 1e-05)``, whose 1e-05 DaCe wrote as a
+    # double: GCC converts no double to a vector of floats that would lose digits, and the code did not compile
+    # (the search found it on ResNet: auto_optimize, then vectorization)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    session = dcnb.optimize(module.train(training), torch.rand(2, 3, 16, 16), baselines=(), time_budget=0.0)
+    assert session.apply("auto_optimize").ok
+    step = session.apply("vectorization")
+    assert step.ok and step.check.ok, step.error
+    source = cpu_source(session._states[-1].runner.forward_binary)
+    assert "dace::vec<float" in source and "+ float(1e-05)" in source  # dace.float32(1e-05), as DaCe writes it
+
+
 def test_maps_passing_values_through_a_transient_of_one_name_are_merged_each_on_its_own():
     # auto_optimize's column sums leave maps in one state that each pass a value through their own access node of
     # one transient (GPT-2's backward after fuse_rows and auto_optimize): merging the first took the others' nodes

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 
 import dace
+import numpy
+from dace.properties import CodeBlock
 from dace.sdfg import nodes
 from dace.transformation import PatternTransformation
 from dace.transformation.dataflow import Vectorization
@@ -153,9 +156,50 @@ def apply(sdfg: dace.SDFG, where: Where, options: dict) -> int:
     # the vector overloads of the math functions come with every CPU build (passes.CPU_BUILD installs vecmath.h);
     # the runner passes 64-byte aligned arrays (module.py)
     merge_tasklets(sdfg, where)
+    for match in _vectorizable(sdfg, where, options):
+        if matching.touches(match, where):
+            _type_constants(match)
     return matching.apply_in_rounds_then_propagate(
         sdfg, lambda: _vectorizable(sdfg, where, options), lambda match: matching.touches(match, where) and _whole(match)
     )
+
+
+def _type_constants(match: Vectorization) -> None:
+    """Write each float constant of the map's tasklet that its arrays' type cannot hold exactly as a constant of
+    that type (``dace.float32(1e-05)``).
+
+    gap: DaCe's Vectorization leaves Python's float constants doubles, and GCC converts no double to a vector of
+    floats that would lose digits: a BatchNorm's ``1.0 / sqrt(x + 1e-05)`` after auto_optimize did not compile."""
+    state = dace_internals.match_state(match)
+    tasklet = state.successors(match.map_entry)[0]
+    dtype = next(state.sdfg.arrays[e.data.data].dtype for e in state.out_edges(tasklet) if e.data.data is not None)
+    if dtype.type not in (numpy.float32, numpy.float16):
+        return
+    inexact = [
+        n for n in ast.walk(ast.parse(tasklet.code.as_string))
+        if isinstance(n, ast.Constant) and _inexact(n.value, dtype)
+    ]
+    if inexact:
+        tree = _TypedConstants(dtype).visit(ast.parse(tasklet.code.as_string))
+        tasklet.code = CodeBlock(ast.unparse(tree), dace.Language.Python)
+
+
+class _TypedConstants(ast.NodeTransformer):
+    """Float constants the type cannot hold exactly made constants of that type; those already typed left."""
+
+    def __init__(self, dtype) -> None:
+        self.dtype = dtype
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        return node if tasklet_code.dace_type(node.func) is not None else self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        return tasklet_code.typed(node.value, self.dtype) if _inexact(node.value, self.dtype) else node
+
+
+def _inexact(value: object, dtype) -> bool:
+    """A finite float that ``dtype`` holds only rounded."""
+    return isinstance(value, float) and math.isfinite(value) and float(dtype.type(value)) != value
 
 
 def merge_tasklets(sdfg: dace.SDFG, where: Where) -> int:
