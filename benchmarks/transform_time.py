@@ -10,6 +10,10 @@ DIR/<step>.<phase>.prof and prints each phase's slowest functions.
     .venv/bin/python benchmarks/transform_time.py --model resnet50 --profile /tmp/prof
     .venv/bin/python benchmarks/transform_time.py --steps auto_optimize --json
     .venv/bin/python benchmarks/transform_time.py --steps auto_optimize fuse_rows map_fusion --each-from-naive --json
+    .venv/bin/python benchmarks/transform_time.py --model resnet50 --built-at auto_optimize --json
+
+``--built-at`` builds a session straight at a recipe instead, as the compiled module does for another batch size or
+mode (``Session._built_at``): autodiff, then the steps after it applied again to both sides, one build.
 """
 
 from __future__ import annotations
@@ -146,17 +150,34 @@ def main() -> None:
     parser.add_argument("--each-from-naive", action="store_true", help="apply each step to the naive one (undo after)")
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet18", help="the network (default resnet18)")
     parser.add_argument("--profile", metavar="DIR", help="a cProfile of each phase in DIR, its top functions printed")
+    parser.add_argument("--built-at", metavar="RECIPE", help="actions, comma-separated: a session built at them")
     args = parser.parse_args()
     os.environ["DCNB_CACHE"] = tempfile.mkdtemp(prefix="dcnb-transform-time-")
     warnings.simplefilter("ignore")
     import torch
 
     import dcnb
+    from dcnb._src.recipe import Entry
 
     torch.manual_seed(0)
     described, make = MODELS[args.model]
     module, x = make()
     phases = _Phases(args.profile)
+    if args.built_at:
+        recipe = tuple(Entry(name) for name in args.built_at.split(","))
+        session = dcnb.Session._built_at(
+            module, (x,), {}, recipe, backward=True, training=False, device="cpu", progress=phases
+        )
+        result = {
+            "model": described,
+            "load": [round(v, 2) for v in os.getloadavg()],
+            "built_at": [e.name for e in session._states[-1].applied],
+            "ok": session.current.ok,
+            "seconds": phases.total(),
+            "phases": phases.seconds,
+        }
+        print_result(result, args.json)
+        return
     # no CUDA build in the background: it would share the cores with the phases measured
     session = dcnb.optimize(module, x, baselines=("torch",), time_budget=0.5, progress=phases, cuda_build=False)
     result = {
