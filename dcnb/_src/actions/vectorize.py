@@ -156,11 +156,11 @@ def apply(sdfg: dace.SDFG, where: Where, options: dict) -> int:
     # the vector overloads of the math functions come with every CPU build (passes.CPU_BUILD installs vecmath.h);
     # the runner passes 64-byte aligned arrays (module.py)
     merge_tasklets(sdfg, where)
-    for match in _vectorizable(sdfg, where, options):
-        if matching.touches(match, where):
-            _type_constants(match)
     return matching.apply_in_rounds_then_propagate(
-        sdfg, lambda: _vectorizable(sdfg, where, options), lambda match: matching.touches(match, where) and _whole(match)
+        sdfg,
+        lambda: _vectorizable(sdfg, where, options),
+        lambda match: matching.touches(match, where) and _whole(match),
+        before=_type_constants,
     )
 
 
@@ -175,26 +175,28 @@ def _type_constants(match: Vectorization) -> None:
     dtype = next(state.sdfg.arrays[e.data.data].dtype for e in state.out_edges(tasklet) if e.data.data is not None)
     if dtype.type not in (numpy.float32, numpy.float16):
         return
-    inexact = [
-        n for n in ast.walk(ast.parse(tasklet.code.as_string))
-        if isinstance(n, ast.Constant) and _inexact(n.value, dtype)
-    ]
-    if inexact:
-        tree = _TypedConstants(dtype).visit(ast.parse(tasklet.code.as_string))
+    typing = _TypedConstants(dtype)
+    tree = typing.visit(ast.parse(tasklet.code.as_string))
+    if typing.typed:  # code left as it was keeps its text (and the build's key)
         tasklet.code = CodeBlock(ast.unparse(tree), dace.Language.Python)
 
 
 class _TypedConstants(ast.NodeTransformer):
-    """Float constants the type cannot hold exactly made constants of that type; those already typed left."""
+    """Float constants the type cannot hold exactly made constants of that type (``typed``: how many); those
+    already typed left."""
 
     def __init__(self, dtype) -> None:
         self.dtype = dtype
+        self.typed = 0
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         return node if tasklet_code.dace_type(node.func) is not None else self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
-        return tasklet_code.typed(node.value, self.dtype) if _inexact(node.value, self.dtype) else node
+        if not _inexact(node.value, self.dtype):
+            return node
+        self.typed += 1
+        return tasklet_code.typed(node.value, self.dtype)
 
 
 def _inexact(value: object, dtype) -> bool:
