@@ -7,9 +7,11 @@ candidate's own interleaved timing), and each search's seconds and compiles. A c
     DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --case prenorm_residual --budget 300 --json
 
 ``--model NAME`` searches a model of benchmarks/models.py (tests/hf_models.py, at ``--batch``) instead of a zoo case,
-and replays its kept recipe (benchmarks/recipes/NAME.json) beside the search's best; ``--save-recipe`` keeps the
-best there where it is faster than the kept one (in the closing interleaved run where there is one), with the
-command in benchmarks/recipes/README.md.
+gives the search its kept recipe (benchmarks/recipes/NAME.json) to build first and beat, and replays that recipe
+beside the search's best; ``--save-recipe`` keeps the best there where it is faster than the kept one (in the
+closing interleaved run where there is one), with the command in benchmarks/recipes/README.md. ``search_together``
+has the search's own closing run: its best, ``auto_optimize`` and the kept recipe, each over eager's and
+torch.compile's time.
 
     DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --model bert_mini_layer --budget 600 --save-recipe --json
 
@@ -81,13 +83,16 @@ def main() -> None:
         from dask.distributed import LocalCluster
 
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0").scheduler_address
+    kept = pathlib.Path(__file__).parent / "recipes" / f"{args.model}.json" if args.model else None
+    known = [json.loads(kept.read_text())] if kept is not None and kept.exists() else []
     runs = []
     for _ in range(1 if args.once else 2):
         module, inputs, kwargs = made()
         session = dcnb.optimize(module, *inputs, kwargs=kwargs)
         started = time.perf_counter()
         result = session.search(
-            args.budget, objective=args.objective, beam=args.beam, depth=args.depth, seed=args.seed, cluster=cluster
+            args.budget, objective=args.objective, beam=args.beam, depth=args.depth, seed=args.seed, cluster=cluster,
+            recipes=known,
         )
         if not runs:
             searched = module, inputs, kwargs
@@ -101,15 +106,13 @@ def main() -> None:
     def speedup(candidate) -> float | None:
         return None if candidate is None or candidate.ratio is None else round(1 / candidate.ratio, 3)
 
-    kept = kept_vs_eager = None
+    kept_vs_eager = None
     built = {"search": session.module}  # the search's best, its steps in the session's history
-    if args.model:
-        kept = pathlib.Path(__file__).parent / "recipes" / f"{args.model}.json"
-        if kept.exists():
-            module, inputs, kwargs = searched
-            replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=json.loads(kept.read_text()))
-            kept_vs_eager = None if replayed.current.speedup() is None else round(replayed.current.speedup(), 3)
-            built["kept_recipe"] = replayed.module
+    if known:
+        module, inputs, kwargs = searched
+        replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=known[0])
+        kept_vs_eager = None if replayed.current.speedup() is None else round(replayed.current.speedup(), 3)
+        built["kept_recipe"] = replayed.module
     together = _together(session, *searched, built, args.together) if args.together else {}
     best_vs_eager = None if session.current.speedup() is None else round(session.current.speedup(), 3)
     over = together.get("together_time_over_eager", {})
@@ -151,11 +154,30 @@ def main() -> None:
                 "second_compiles": second.builds,
                 "second_best": second.best.title,
             } if second else {}),
+            "search_together": _search_together(first, auto[0] if auto else None),
             **together,
             "load": round(os.getloadavg()[0], 2),
         },
         args.json,
     )
+
+
+def _search_together(result, auto) -> dict:
+    """The search's own closing run (what it chose its best by): its best's, ``auto_optimize``'s and the kept
+    recipe's times over eager's and torch.compile's, where each was in it."""
+    named = {"best": result.best, "auto_optimize": auto}
+    if result.known and result.known[0] is not None:
+        named["kept_recipe"] = result.candidates[result.known[0]]
+    # a candidate that compiled to an earlier one's SDFGs was timed as that one
+    named = {name: c if c is None or c.same_as is None else result.candidates[c.same_as] for name, c in named.items()}
+    return {
+        name: {
+            "over_eager": round(c.together, 3),
+            "over_torch_compile": None if c.together_compile is None else round(c.together_compile, 3),
+        }
+        for name, c in named.items()
+        if c is not None and c.together is not None
+    }
 
 
 def _together(session, module, inputs, kwargs, built: dict, seconds: float) -> dict:

@@ -15,8 +15,11 @@ so a second search of the same module, in this process or another, compiles noth
 
 Each candidate's time over eager's comes from a timing run of its own, and those runs are minutes apart on a machine
 whose load moves (eager's own time moved 4.7x under load). So the search keeps the ``FINALISTS`` best candidates'
-binaries, the start's with them, and at its end times them and eager again in one interleaved run; the best on time
-is the fastest there.
+binaries and at its end times them and eager again in one interleaved run; the best on time is the fastest there.
+What the best is to be at or below is always in that run, whatever its own timing said: the start, ``REFERENCE``
+(DaCe's heuristics, where the search tries it) and the recipes it is given (a kept recipe, say), which it builds first
+and may extend. A search of ResNet left ``auto_optimize`` out of that run, its own timing minutes earlier having put
+it behind three others, and ended 3% slower than it in the benchmark's run after.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ OBJECTIVES = ("time", "memory")
 BEAM = 3
 #: how many of the best candidates (the start besides) are timed again together at the end
 FINALISTS = 3
+#: the one-action candidate from the start that is always timed with the finalists: DaCe's heuristics
+REFERENCE = Entry("auto_optimize")
 
 #: the table's columns; a failed candidate's row ends in its reason
 COLUMNS = (
@@ -76,6 +81,8 @@ class Candidate:
     #: dcnb's time over eager's in the finalists' run (all timed together at the search's end); None where it was
     #: not a finalist or there was no such run
     together: float | None = None
+    #: dcnb's time over torch.compile's in that run (None where torch.compile was not timed)
+    together_compile: float | None = None
 
     def _median(self, name: str) -> float | None:
         if self.step is None or name not in self.step.timings:
@@ -138,6 +145,7 @@ class Candidate:
             "seconds": self.seconds,
             "same_as": self.same_as,
             "together": self.together,
+            "together_compile": self.together_compile,
         }
 
     def cells(self) -> tuple[str, ...]:
@@ -190,6 +198,9 @@ class SearchResult:
     #: where replaying the best failed (it holds on its own run: this is rare), why; the session stays at the last
     #: good step then
     replay_error: str | None = None
+    #: for each recipe the search was given, the index of its last candidate (the recipe's end, or where it failed;
+    #: None where the budget was spent before it began)
+    known: tuple[int | None, ...] = ()
 
     @property
     def start(self) -> Candidate:
@@ -281,6 +292,7 @@ class SearchResult:
             "stopped": self.stopped,
             "where": self.where,
             "replay_error": self.replay_error,
+            "known": list(self.known),
         }
 
     def __repr__(self) -> str:
@@ -299,13 +311,15 @@ def search(
     depth: int | None = None,
     seed: int = 0,
     cluster: Any = None,
+    recipes: Sequence[Sequence[str | dict[str, Any]]] = (),
 ) -> SearchResult:
     """Beam search from the session's current step (``Session.search`` documents it); the best candidate's entries
     are then applied as ordinary steps."""
     budget, objective, beam, depth = _checked(budget, objective, beam, depth, seed)
     wanted = _entries(session, actions_)
-    rng = random.Random(seed)
     start_state = session._states[-1]
+    given = _recipes(session, recipes, start_state.applied)
+    rng = random.Random(seed)
     start = Candidate(0, (), None, True, step=start_state.step)
     tried = [start]
     tiebreak = {0: rng.random()}
@@ -313,6 +327,10 @@ def search(
     frontier: list[tuple[Candidate, _State]] = [(start, start_state)]
     # the best candidates so far with their states (binaries), for the finalists' run
     finalists: list[tuple[Candidate, _State]] = []
+    # what the best is to be at or below, timed in the finalists' run whatever their own timing: the given recipes'
+    # ends and the reference, by index
+    rivals: dict[int, tuple[Candidate, _State]] = {}
+    known: list[int | None] = []
     began = time.perf_counter()
     deadline = began + budget
     stopped = "depth reached"
@@ -330,8 +348,33 @@ def search(
 
     try:
         with events.count() as counted, _compiles(cluster) as (compiles, ahead, where):
-            for _level in itertools.count() if depth is None else range(depth):
-                children: list[tuple[Candidate, _State]] = []
+            # the states the given recipes' candidates made, by index, while they are built
+            built = {0: start_state}
+            for entries in given:
+                # one entry after the other (each builds on the last), every prefix a candidate of the table
+                parent, state, last = start, start_state, None if entries else 0
+                for entry in entries:
+                    if time.perf_counter() >= deadline:
+                        break
+                    saying(len(tried))
+                    child, made = _end(session, _begin(session, compiles, parent, state, entry, len(tried), seen))
+                    tiebreak[child.index] = rng.random()
+                    tried.append(child)
+                    session._report = report
+                    last = child.index
+                    made = built.get(child.same_as, made)
+                    if made is None:
+                        break
+                    built[child.index] = made
+                    parent, state = child, made
+                else:
+                    end = parent if parent.same_as is None else tried[parent.same_as]
+                    rivals[end.index] = (end, state)
+                known.append(last)
+            built.clear()  # the prefixes' binaries go; the ends stay with the rivals
+            for level in itertools.count() if depth is None else range(depth):
+                # the given recipes' ends compete with the first level's candidates to be extended
+                children = [r for i, r in rivals.items() if i != 0] if level == 0 else []
                 tries = ((p, s, e) for p, s in frontier for e in _matching(session, s, wanted))
                 flight: collections.deque[_Flight] = collections.deque()
                 while True:
@@ -350,6 +393,11 @@ def search(
                     saying(first.index)
                     child, made = _end(session, first)
                     tiebreak[child.index] = rng.random()
+                    if child.parent == 0 and child.recipe == (REFERENCE,):
+                        pool = {c.index: (c, s) for c, s in [*children, *rivals.values()]}
+                        reference = (child, made) if made is not None else pool.get(child.same_as)
+                        if reference is not None:
+                            rivals[reference[0].index] = reference
                     if made is not None:
                         children.append((child, made))
                         finalists.append((child, made))
@@ -368,9 +416,14 @@ def search(
                     break
     finally:
         session._report = report
-    together = _together(session, [(start, start_state), *finalists]) if objective == "time" else {}
+    timed_together = {c.index: (c, s) for c, s in [(start, start_state), *rivals.values(), *finalists]}
+    together = _together(session, list(timed_together.values())) if objective == "time" else {}
     if together:
-        tried = [dataclasses.replace(c, together=together.get(c.index)) for c in tried]
+        tried = [
+            dataclasses.replace(c, together=together[c.index][0], together_compile=together[c.index][1])
+            if c.index in together else c
+            for c in tried
+        ]
         best = min((c for c in tried if c.index in together), key=lambda c: (c.together, tiebreak[c.index]))
     else:
         # a candidate that compiled to an earlier one's SDFGs stands for that one (whose recipe is no longer)
@@ -394,12 +447,16 @@ def search(
         stopped=stopped,
         where=where,
         replay_error=replay_error,
+        known=tuple(known),
     )
 
 
-def _together(session: Session, finalists: list[tuple[Candidate, _State]]) -> dict[int, float]:
-    """The finalists' times over eager's (candidate index -> ratio) from one interleaved run of them all; none
-    where fewer than two are timed or eager is not among the session's baselines."""
+def _together(
+    session: Session, finalists: list[tuple[Candidate, _State]]
+) -> dict[int, tuple[float, float | None]]:
+    """The finalists' times over eager's and over torch.compile's (candidate index -> the two ratios; the second
+    None where torch.compile is not a baseline) from one interleaved run of them all; none where fewer than two are
+    timed or eager is not among the session's baselines."""
     timed = [(c, state) for c, state in finalists if c.dcnb_ms is not None]
     if len(timed) < 2 or not session._timed or "torch" not in session._baselines.names:
         return {}
@@ -408,7 +465,9 @@ def _together(session: Session, finalists: list[tuple[Candidate, _State]]) -> di
     with verify.preserved(session._module, session.training), alone.timing():
         timings = session._baselines.time_together(modules)
     eager = timings["torch"].median
-    return {c.index: timings[str(c.index)].median / eager for c, _ in timed}
+    compiled = timings["torch_compile"].median if "torch_compile" in timings else None
+    medians = {c.index: timings[str(c.index)].median for c, _ in timed}
+    return {i: (t / eager, None if not compiled else t / compiled) for i, t in medians.items()}
 
 
 @contextlib.contextmanager
@@ -550,37 +609,60 @@ def _entries(session: Session, given: Sequence[str | dict[str, Any]] | None) -> 
         return [Entry(a.name, dict(options)) for a in offered for options in a.searched]
     if isinstance(given, (str, dict)) or not isinstance(given, Sequence):
         raise DcnbError(f"search's actions must be a list of action names, not {given!r}")
-    entries = []
-    for i, item in enumerate(given):
-        entry = Entry(item) if isinstance(item, str) else Entry.from_json(item, i)
-        if entry.name not in actions.REGISTRY:
-            raise DcnbError(
-                f"search's actions: unknown action {entry.name!r}; the actions are: {', '.join(actions.REGISTRY)}"
-            )
-        action = actions.REGISTRY[entry.name]
-        if session.device not in action.devices:
-            raise DcnbError(
-                f"search's actions: {entry.name} is offered on {', '.join(action.devices)} only; this session runs "
-                f"on {session.device}"
-            )
-        _check_options(session, action, entry)
-        entries.append(entry)
+    entries = _parsed(session, given, "search's actions", at_start=True)
     if not entries:
         raise DcnbError("search's actions is empty: name at least one action to try (None tries them all)")
     return entries
 
 
-def _check_options(session: Session, action: actions.Action, entry: Entry) -> None:
-    """Raise DcnbError where ``entry``'s options are not the action's or not of its values: each candidate would
-    fail on them, and its matching, which is asked first, would leave the entry out without a word."""
+def _recipes(
+    session: Session, given: Sequence[Sequence[str | dict[str, Any]]], start: tuple[Entry, ...]
+) -> list[list[Entry]]:
+    """The recipes a search builds first, as entries from its start: one that begins with the start's own recipe
+    (a whole recipe, as ``dcnb.replay`` takes and ``Session.recipe`` gives) goes on from there."""
+    if isinstance(given, (str, dict)) or not isinstance(given, Sequence):
+        raise DcnbError(f"search's recipes must be a list of recipes (each a list of steps), not {given!r}")
+    recipes = []
+    for i, recipe in enumerate(given):
+        if isinstance(recipe, (str, dict)) or not isinstance(recipe, Sequence):
+            raise DcnbError(f'search\'s recipe {i} is not a list of steps like [{{"name": "map_fusion"}}]: {recipe!r}')
+        entries = _parsed(session, recipe, f"search's recipe {i}", at_start=False)
+        recipes.append(entries[len(start):] if tuple(entries[: len(start)]) == start else entries)
+    return recipes
+
+
+def _parsed(session: Session, given: Sequence[str | dict[str, Any]], what: str, at_start: bool) -> list[Entry]:
+    """``given`` (action names or recipe entries) as entries of actions offered on the session's device with their
+    options (and, ``at_start``, places where the session's current step has them); a DcnbError, beginning with
+    ``what``, names the first that is not."""
+    entries = []
+    for i, item in enumerate(given):
+        entry = Entry(item) if isinstance(item, str) else Entry.from_json(item, i)
+        if entry.name not in actions.REGISTRY:
+            raise DcnbError(f"{what}: unknown action {entry.name!r}; the actions are: {', '.join(actions.REGISTRY)}")
+        action = actions.REGISTRY[entry.name]
+        if session.device not in action.devices:
+            raise DcnbError(
+                f"{what}: {entry.name} is offered on {', '.join(action.devices)} only; this session runs on "
+                f"{session.device}"
+            )
+        _check_options(session, action, entry, what, at_start)
+        entries.append(entry)
+    return entries
+
+
+def _check_options(session: Session, action: actions.Action, entry: Entry, what: str, at_start: bool) -> None:
+    """Raise DcnbError where ``entry``'s options are not the action's or not of its values (or, ``at_start``, its
+    places are not the current step's): each candidate would fail on them, and its matching, which is asked first,
+    would leave the entry out without a word."""
     from .session import _targets
 
     try:
         action.check_options(entry.options)
-        for target in _targets(action, session._states[-1]):
+        for target in _targets(action, session._states[-1]) if at_start else ():
             action.count(target, entry.where, entry.options)
     except StepError as e:
-        raise DcnbError(f"search's actions: {e}") from e
+        raise DcnbError(f"{what}: {e}") from e
 
 
 def _leading(candidate: Candidate) -> str:

@@ -413,6 +413,7 @@ class Session:
         depth: int | None = None,
         seed: int = 0,
         cluster: Any = None,
+        recipes: Sequence[Sequence[str | dict[str, Any]]] = (),
     ) -> search_module.SearchResult:
         """Find a recipe: a beam search from the current step over sequences of ``actions`` (names, or recipe
         entries with options; default: every action on offer), each extended by every action that matches at its
@@ -420,15 +421,18 @@ class Session:
         lasts), until ``budget`` seconds are spent (a candidate begun is finished). Every candidate is built,
         checked and timed as a step is, but kept out of the history; ``objective`` "time" ranks by dcnb's time over
         eager's, "memory" by the intermediate bytes, then time; ties are broken by ``random.Random(seed)``. On time,
-        the few best and the start are timed again together at the end, and the fastest there is the best. The best
-        becomes ordinary steps (``apply`` for each of its entries); the result holds every candidate tried, failed
-        ones with their reason.
+        the few best are timed again together at the end with what the best is to beat, and the fastest there is the
+        best: the start, ``auto_optimize`` (where it is among ``actions``) and ``recipes``. Those are recipes known
+        before (a kept one, say: a list of steps as ``recipe`` gives, the start's own steps at their head or not),
+        built first within the budget, each of their steps a candidate, their ends extended as the first actions'
+        are. The best becomes ordinary steps (``apply`` for each of its entries); the result holds every candidate
+        tried, failed ones with their reason.
 
         The next candidates are transformed and their compiles started while one is checked and timed; where they
         compile: this machine's cores, or with ``cluster`` (a ``dask.distributed.Client`` or a scheduler's address,
         ``pip install dcnb[cluster]``) the cluster's workers, their binaries brought back here, where every
         candidate is checked and timed, alone (compiles here pause while a candidate is timed)."""
-        return search_module.search(self, budget, objective, actions, beam, depth, seed, cluster)
+        return search_module.search(self, budget, objective, actions, beam, depth, seed, cluster, recipes)
 
     def undo(self) -> Step:
         """Go back to the state before the last successful step; returns the step now current."""

@@ -218,10 +218,14 @@ class Baselines:
         return timings, tuple(notes)
 
     def time_together(self, candidates: dict[str, nn.Module]) -> dict[str, Timing]:
-        """Time ``candidates`` (compiled modules, by name) and eager, as "torch", in one interleaved run within the
-        budget (at least 3 rounds): ratios that each come from a run of their own are minutes apart on a machine
-        whose load moves, and these are not. Each candidate is warmed up once (its binary ran long ago)."""
-        return self._interleaved({**candidates, "torch": self._reference.module})
+        """Time ``candidates`` (compiled modules, by name), eager as "torch" and torch.compile as "torch_compile"
+        where it is a baseline already compiled, in one interleaved run within the budget (at least 3 rounds): ratios
+        that each come from a run of their own are minutes apart on a machine whose load moves, and these are not.
+        Each candidate is warmed up once (its binary ran long ago)."""
+        modules = {**candidates, "torch": self._reference.module}
+        if "torch_compile" in self.names and self._compiled is not None:
+            modules["torch_compile"] = self._compiled
+        return self._interleaved(modules)
 
     def _interleaved(self, modules: dict[str, nn.Module], warm: Collection[str] = ()) -> dict[str, Timing]:
         """``modules`` (by name) timed in one interleaved run within the budget, at least 3 rounds; each warmed up
