@@ -21,7 +21,7 @@ from torch import nn
 from . import dace_internals, memory, native, structure
 from .errors import DcnbError, InputError
 from .frontend import Imported
-from .passes.gradient_writes import overwritten
+from .passes.gradient_writes import Writes
 from .program import Program
 
 
@@ -75,7 +75,8 @@ class Runner:
                 (program.output_grads.get(name), shape, dtype) for name, shape, dtype in self.outputs
             ]
             # gradients the backward accumulates into must start at zero; those it overwrites need not
-            self._accumulated = {g for g in grads if g is not None and not overwritten(bwd, g)}
+            writes = Writes(bwd)
+            self._accumulated = {g for g in grads if g is not None and not writes.overwritten(g)}
             self._bwd_constants = _constants(imported, bwd, self.device)
             # what the forward keeps for the backward (not the running statistics it updates, say)
             self.saved_names = [n for n in program.forwarded if n not in self._bwd_constants]
@@ -218,11 +219,10 @@ class _Call:
 
     def __init__(self, binary: CompiledSDFG):
         self.binary = binary
-        arglist = binary.sdfg.arglist()
-        self.order = binary.sdfg.signature_arglist(with_types=False, arglist=arglist)
+        arglist, self.order, symbolic = dace_internals.signature(binary)
         self.scalars = {n: d.dtype.as_ctypes() for n, d in arglist.items() if isinstance(d, dt.Scalar)}
         # symbolic sizes would need DaCe's own argument handling
-        self.direct = not binary.sdfg.free_symbols
+        self.direct = not symbolic
         self.ready = False
         # (CUDA) the binary's one stream, set to PyTorch's current one before each call (build.py)
         self.set_streams = binary.get_exported_function("__dace_gpu_set_all_streams")

@@ -20,11 +20,11 @@ def test_a_fused_backward_overwrites_its_gradient_and_needs_no_zeros():
     x = torch.rand(*SHAPE)
     session = dcnb.optimize(Mish(), x, baselines=(), time_budget=0.05)
     # naive: two maps add into gradient_x, so it must start at zero
-    assert not gradient_writes.overwritten(session.backward_sdfg, "gradient_x")
+    assert not gradient_writes.Writes(session.backward_sdfg).overwritten("gradient_x")
     for name in ("tasklet_fusion", "vectorization"):
         assert session.apply(name).ok
         runner = session._states[-1].runner
-        assert gradient_writes.overwritten(session.backward_sdfg, "gradient_x") and not runner._accumulated
+        assert gradient_writes.Writes(session.backward_sdfg).overwritten("gradient_x") and not runner._accumulated
         # whatever the buffer held before does not leak into the gradient
         upstream = torch.randn(*SHAPE)
         garbage = torch.full(SHAPE, float("nan"))
@@ -41,7 +41,7 @@ def test_a_row_map_overwrites_its_gradient():
     x = torch.randn(8, 16, 32)
     session = dcnb.optimize(torch.nn.Softmax(dim=-1), x, baselines=(), time_budget=0.05)
     assert session.apply("fuse_rows").ok
-    assert gradient_writes.overwritten(session.backward_sdfg, "gradient_input")
+    assert gradient_writes.Writes(session.backward_sdfg).overwritten("gradient_input")
     runner = session._states[-1].runner
     upstream = torch.randn(*x.shape)
     garbage = torch.full(x.shape, float("nan"))

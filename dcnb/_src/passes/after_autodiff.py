@@ -69,6 +69,8 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
     backward spent 34 of its 400 ms copying its convolutions' and BatchNorms' input gradients so).
     """
     rerouted = 0
+    # each write rerouted adds a temporary's access node, never asked about: the index holds for those that are
+    writes = gradient_writes.Writes(sdfg)
     for state in sdfg.states():
         # the top level read once: each write rerouted changes the state, and DaCe's entry_node then walks all of it
         scope = state.scope_dict()
@@ -76,7 +78,7 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
             for edge in list(state.out_edges(node)):
                 if edge.data.wcr is None or not isinstance(edge.dst, nodes.AccessNode):
                     continue
-                if _writes_all_alone(sdfg, node, edge):
+                if _writes_all_alone(sdfg, writes, node, edge):
                     edge.data.wcr = None
                     edge.dst.setzero = False
                     continue
@@ -89,10 +91,10 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
                 # (once its only writer writes instead of adding: into a fresh temporary, the same), needs no zeroing
                 # (a map over the whole array per call: 0.3-0.5 ms each on the BERT-mini layer)
                 if isinstance(node, nodes.NestedSDFG):
-                    gradient_writes.write_once(node.sdfg, edge.src_conn)
+                    inner = gradient_writes.Writes(node.sdfg)
+                    inner.write_once(edge.src_conn)
                 tmp_node.setzero = not (
-                    isinstance(node, ONNXOp)
-                    or isinstance(node, nodes.NestedSDFG) and gradient_writes.overwritten(node.sdfg, edge.src_conn)
+                    isinstance(node, ONNXOp) or isinstance(node, nodes.NestedSDFG) and inner.overwritten(edge.src_conn)
                 )
                 state.add_edge(node, edge.src_conn, tmp_node, None, dace.Memlet.from_array(tmp, sdfg.arrays[tmp]))
                 params = [f"__a{i}" for i in range(len(sizes))]
@@ -118,11 +120,11 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
     return rerouted
 
 
-def _writes_all_alone(sdfg: dace.SDFG, node: nodes.Node, edge) -> bool:
+def _writes_all_alone(sdfg: dace.SDFG, writes: gradient_writes.Writes, node: nodes.Node, edge) -> bool:
     """Whether ``edge`` from ``node`` is the one write into its array, through the SDFG's one access node of it
     (read only after it), and ``node`` writes every element of it: an ONNX op, or a nested SDFG that does once its
     own only writer writes instead of adding."""
-    if gradient_writes.sole_write(sdfg, edge.data.data) != (edge.dst, edge):
+    if writes.sole_write(edge.data.data) != (edge.dst, edge):
         return False
     if not edge.data.subset.covers(dace.subsets.Range.from_array(sdfg.arrays[edge.data.data])):
         return False
@@ -130,8 +132,9 @@ def _writes_all_alone(sdfg: dace.SDFG, node: nodes.Node, edge) -> bool:
         return True
     if not isinstance(node, nodes.NestedSDFG):
         return False
-    gradient_writes.write_once(node.sdfg, edge.src_conn)
-    return gradient_writes.overwritten(node.sdfg, edge.src_conn)
+    inner = gradient_writes.Writes(node.sdfg)
+    inner.write_once(edge.src_conn)
+    return inner.overwritten(edge.src_conn)
 
 
 def _is_pi(node: ast.AST) -> bool:
