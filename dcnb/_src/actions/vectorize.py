@@ -161,7 +161,22 @@ def apply(sdfg: dace.SDFG, where: Where, options: dict) -> int:
         lambda: _vectorizable(sdfg, where, options),
         lambda match: matching.touches(match, where) and _whole(match),
         before=_type_constants,
+        after=_whole_rows,
     )
+
+
+def _whole_rows(match: Vectorization) -> None:
+    """End the vectorized map's last dimension at the last element its last vector reads (``0:64:8``, not
+    ``0:57:8``): the same iterations, whose memlets then propagate to the whole row.
+
+    gap: DaCe's Vectorization ends the range at its last vector's first element, and DaCe's propagation of
+    ``i:i+8`` over ``b:e:8`` ends at ``e``: a row of 64 propagated as ``0:57``, which a map fusion afterwards
+    (fuse_rows) took for the size of the transient it passes values in and for the part of a row it stores (the
+    last 7 elements of each row of a value kept for the backward never written: the Llama layer's and ConvNeXt's
+    results and gradients off by up to inf)."""
+    ranges = match.map_entry.map.range
+    first, last, step = ranges[-1]
+    ranges[-1] = (first, last + step - 1, step)
 
 
 def _type_constants(match: Vectorization) -> None:
