@@ -125,3 +125,54 @@ def test_a_map_of_tasklets_that_read_nothing_is_merged_inside_the_map():
     sdfg(b=b, c=c)
     np.testing.assert_array_equal(b, np.ones(n, np.float32))
     np.testing.assert_array_equal(c, np.full(n, 2, np.float32))
+
+
+def test_a_tasklet_subscripting_an_array_connector_is_not_vectorized():
+    # a Gather's backward (ViT's and BERT's [CLS] token): ``__data_gradient[idx] = ...`` adds into x[i0, 0:5, i1],
+    # its connectors untyped; DaCe's Vectorization gave the memlet a vector range in its last dimension, one more
+    # dimension than the code's subscript, and the SDFG failed validation
+    import dace
+
+    from dcnb._src.actions import vectorize
+
+    sdfg = dace.SDFG("gather_backward")
+    sdfg.add_array("g", [2, 16], dace.float32)
+    sdfg.add_array("indices", [1], dace.int64)
+    sdfg.add_array("dx", [2, 5, 16], dace.float32)
+    state = sdfg.add_state()
+    state.add_mapped_tasklet(
+        "gather_backward",
+        {"i0": "0:2", "i1": "0:16"},
+        {"__g": dace.Memlet("g[i0, i1]"), "idx": dace.Memlet("indices[0]")},
+        "__dx[idx] = __g",
+        {"__dx": dace.Memlet("dx[i0, 0:5, i1]", wcr="lambda a, b: a + b")},
+        external_edges=True,
+    )
+    sdfg.validate()
+    applied = vectorize.apply(sdfg, None, {"vector_len": 4})
+    sdfg.validate()  # before the fix: "Subscript expression "__dx[idx]" contains an invalid number of dimensions"
+    assert applied == 0
+
+
+def test_bools_are_not_vectorized():
+    # BERT's attention mask broadcast after expand: a map copying bools, which DaCe's Vectorization took; DaCe's
+    # runtime has no vector of bools and the code did not compile ("incomplete type dace::_vtype<bool, 8>")
+    import dace
+    import numpy as np
+
+    from dcnb._src.actions import vectorize
+
+    sdfg = dace.SDFG("bool_copy")
+    sdfg.add_array("a", [2, 16], dace.bool_)
+    sdfg.add_array("b", [2, 16], dace.bool_)
+    state = sdfg.add_state()
+    state.add_mapped_tasklet(
+        "copy", {"i0": "0:2", "i1": "0:16"}, {"__in": dace.Memlet("a[i0, i1]")}, "__out = __in",
+        {"__out": dace.Memlet("b[i0, i1]")}, external_edges=True,
+    )
+    applied = vectorize.apply(sdfg, None, {"vector_len": 4})
+    a = np.random.rand(2, 16) > 0.5
+    b = np.zeros_like(a)
+    sdfg(a=a, b=b)  # before the fix: the code did not compile
+    np.testing.assert_array_equal(b, a)
+    assert applied == 0

@@ -103,6 +103,11 @@ def _vector_code_is_right(match: PatternTransformation, width: int) -> bool:
             if edge.src is tasklet:
                 return False  # a scalar output, or one element a whole vector is added into
             continue  # an input read as a scalar, which GCC broadcasts in arithmetic
+        if subset.num_elements() != 1:
+            # gap: DaCe's Vectorization turns away connectors typed pointers only, and an autodiff tasklet's are
+            # untyped: a Gather's backward ``__data_gradient[idx] = ...`` into ``x[i0, 0:17, i1]`` got a vector
+            # range in its last dimension, a memlet of one more dimension than its code's subscript (ViT, BERT)
+            return False  # a connector that is an array, subscripted in the code
         vector_inputs += edge.dst is tasklet
         desc = state.sdfg.arrays[edge.data.data]
         types.add(desc.dtype)
@@ -113,7 +118,16 @@ def _vector_code_is_right(match: PatternTransformation, width: int) -> bool:
                     return False
             elif int(stride) % width:
                 return False
-    return vector_inputs > 0 and len(types) == 1  # GCC does not convert vectors of floats to doubles
+    # GCC does not convert vectors of floats to doubles; gap: DaCe's runtime (vector.h) has vector types of
+    # integers, float32 and float64 only: a copy of bools (BERT's mask broadcast after expand) did not compile
+    return vector_inputs > 0 and len(types) == 1 and types.pop().type in VECTOR_TYPES
+
+
+#: element types DaCe's runtime has vector types of
+VECTOR_TYPES = {
+    numpy.int8, numpy.int16, numpy.int32, numpy.int64, numpy.uint8, numpy.uint16, numpy.uint32, numpy.uint64,
+    numpy.float32, numpy.float64,
+}
 
 
 #: functions with vector versions that compute what the scalar ones do (DaCe's runtime and vecmath.h); DaCe's
