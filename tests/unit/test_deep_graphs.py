@@ -7,11 +7,14 @@ import inspect
 import dace
 import networkx
 import pytest
+import torch
 from dace.sdfg import nodes, scope
 from dace.sdfg.graph import Graph, NodeNotFoundError, OrderedDiGraph
+from dace.transformation import helpers
+from torch import nn
 
-from dcnb._src import dace_internals
-from dcnb._src.passes import after_autodiff, broadcast_sums, lifetimes
+from dcnb._src import dace_internals, frontend
+from dcnb._src.passes import after_autodiff, broadcast_sums, lifetimes, on_import
 from dcnb._src.passes.top_level import add_top_level_map
 
 
@@ -318,3 +321,35 @@ def test_a_state_s_sinks_and_node_indices_are_found_with_one_walk_while_it_does_
         assert state.node_id(node) == i
         state.sink_nodes()
     assert len(sinks) <= 1 and not ids
+
+
+class _Layers(nn.Module):
+    """Layers whose ops the import expands (Softmax, Erf: no backward rule of DaCe's), each into a nested SDFG of
+    one state."""
+
+    def __init__(self, count: int):
+        super().__init__()
+        self.count = count
+
+    def forward(self, x):
+        for _ in range(self.count):
+            x = torch.softmax(torch.erf(x), dim=-1)
+        return x
+
+
+@pytest.mark.parametrize("count", [2, 6])
+def test_the_ops_expanded_at_import_are_inlined_without_splitting_the_state_around_each(monkeypatch, count):
+    # DaCe's simplify inlined each of a 12-layer BERT's 312 expanded ops with its multi-state inliner, which splits
+    # the state around it in three, a walk of the whole state each (29.5 of the import's 50 s under load)
+    isolated, original = [], helpers.isolate_nested_sdfg
+
+    def counted(state, *args, **kwargs):
+        isolated.append(kwargs.get("test_if_applicable", False))
+        return original(state, *args, **kwargs)
+
+    imported = frontend.import_module(_Layers(count), (torch.rand(2, 8),), training=False)
+    monkeypatch.setattr(helpers, "isolate_nested_sdfg", counted)
+    expanded = copy.deepcopy(imported.sdfg)
+    on_import.lower(expanded)
+    assert not [n for n, _ in expanded.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG)]
+    assert len(expanded.nodes()) == 1 and [a for a in isolated if not a] == [], isolated
