@@ -180,9 +180,11 @@ def test_a_transformer_block_reads_as_its_module():
     assert "accumulate_gradient_src" in codes
     assert names.readable("accumulate_gradient_src") == "accumulate ∇src"
     block = forward.start_state.label
-    assert block.count("_pre_state") > 3 and names.readable_state(block) == "block"
+    assert names.readable_state(block) == "block"
+    # the states DaCe's multi-state inlining splits off are named after the state they came from: read as it
+    assert names.readable_state(f"{block}_pre_state_pre_state_pre_state") == "block"
     (reversed_,) = [s.label for s in backward.states() if s.label.endswith("_reversed")]
-    assert reversed_.count("_pre_state") > 3 and names.readable_state(reversed_) == "block (backward)"
+    assert names.readable_state(reversed_) == "block (backward)"
     assert names.readable_sdfg(backward.name) == "TransformerEncoderLayer (backward)"
 
 
