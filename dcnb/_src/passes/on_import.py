@@ -45,8 +45,6 @@ def inline_single_states(sdfg: dace.SDFG) -> int:
     inlined = 0
     for node in reversed([n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG)]):
         state = node.sdfg.parent
-        if len(node.sdfg.nodes()) != 1:
-            continue
         inliner = InlineSDFG()
         match = {InlineSDFG.nested_sdfg: node}
         inliner.setup_match(state.sdfg, state.parent_graph.cfg_id, state.block_id, match, 0, override=True)
