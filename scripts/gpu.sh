@@ -2,7 +2,8 @@
 # make gpu: the CUDA path on a machine with a GPU and a CUDA build of PyTorch, in one command (its builds included;
 # over 10 minutes on an H100 with every model). Each part prints its figures as JSON lines, gathered in
 # $GPU_OUT/benchmarks.jsonl (out/gpu by default) beside each part's log. GPU_MODELS="resnet vit ..." times those
-# models only (default: all of benchmarks/models.py's), GPU_ZOO=0 leaves out the zoo on CUDA: a shorter run.
+# models only (default: all of benchmarks/models.py's), GPU_ZOO=0 leaves out the zoo on CUDA, GPU_TIMED="models ..."
+# times those parts only (of mish, mish_no_graphs, models, norms, mish_python): a shorter run.
 #
 # A GPU machine that reaches no package index gets DaCe and what its image lacks from .whl/ (`make gpu-wheels`
 # fills it where pip reaches one), installed beside its own Python's packages, never over them.
@@ -40,6 +41,7 @@ FAILED="$OUT_DIR/failed"
 part() {
     local name=$1
     shift
+    [[ " ${GPU_TIMED:-$name} " == *" $name "* ]] || return 0
     echo "== $name: $*" >&2
     local start=$SECONDS
     "$@" 2>>"$OUT_DIR/$name.err" | tee -a "$OUT_DIR/benchmarks.jsonl"
@@ -72,7 +74,7 @@ export DCNB_NATIVE_CUDA=1
 # Face models' steps made for the timed run below
 tests tests_path $((JOBS / 3)) -k "not zoo" &
 [ "${GPU_ZOO:-1}" = 0 ] || tests tests_zoo $((JOBS / 2)) -k zoo &
-part models_build "$PY" benchmarks/models.py --device cuda --warm $((JOBS / 2)) --build-only "${ONLY[@]}" &
+GPU_TIMED= part models_build "$PY" benchmarks/models.py --device cuda --warm $((JOBS / 2)) --build-only "${ONLY[@]}" &
 wait
 # then what is timed, one at a time on a quiet machine, what has run least first: Mish 8x32x224x224
 # forward+backward through the C++ path with CUDA graphs and without them, each one interleaved run against eager,

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <initializer_list>
+#include <vector>
 
 // --- cuBLAS (cublas_api.h) ---------------------------------------------------------------------------------------
 typedef struct cublasContext *cublasHandle_t;
@@ -355,9 +356,14 @@ struct Convolution {
     cudnnConvolutionBwdDataAlgo_t data_algo = 0;
     cudnnConvolutionBwdFilterAlgo_t filter_algo = 0;
     size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
+    // the bias's gradient, the output gradient summed per channel as two products with a vector of ones (over the
+    // positions, then over the batch) on cuBLAS: cudnnConvolutionBackwardBias answered CUDNN_STATUS_BAD_PARAM on an
+    // H100. ``sums`` holds each item's, where both sums are needed
+    int batch = 0, channel_count = 0, positions = 1;
+    void *ones = nullptr, *sums = nullptr;
 
     // ``spatial`` dimensions after batch and channel; ``runs``: 'f' forward, 'd' data gradient, 'w' weight
-    // gradient (a bias's gradient stays the loops: fixes/conv.py)
+    // gradient, 'b' bias gradient (of a packed output gradient)
     bool create(Cudnn &dnn, cudnnDataType_t dtype, const Shape &xs, const Shape &ws, const Shape &ys,
                 const Spatial &p, const Spatial &s, const Spatial &d, int groups, const char *runs) {
         type = dtype;
@@ -391,6 +397,8 @@ struct Convolution {
                      DCNB_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize, dnn.handle, w, y, conv, x, data_algo,
                                 &data_bytes) == 0 &&
                      dnn.reserve(data_bytes);
+            } else if (*r == 'b') {
+                ok = bias_sums(ys);
             } else if (*r == 'w') {
                 cudnnConvolutionBwdFilterAlgoPerf_t perf[8];
                 ok = DCNB_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7, dnn.handle, x, y, conv, w, 8, &found,
@@ -402,6 +410,45 @@ struct Convolution {
             }
         }
         return ok;
+    }
+
+    bool bias_sums(const Shape &ys) {
+        batch = ys.dims[0];
+        channel_count = ys.dims[1];
+        for (int i = 2; i < ys.rank; ++i) positions *= ys.dims[i];
+        const int count = batch > positions ? batch : positions;
+        const size_t size = type == CUDNN_DATA_DOUBLE ? sizeof(double) : sizeof(float);
+        const bool uploaded = type == CUDNN_DATA_DOUBLE ? upload_ones<double>(count) : upload_ones<float>(count);
+        const bool both = batch > 1 && positions > 1;
+        return uploaded && (!both || cudaMalloc(&sums, size_t(batch) * channel_count * size) == cudaSuccess);
+    }
+
+    template <typename T>
+    bool upload_ones(int count) {
+        const std::vector<T> host(count, T(1));
+        return cudaMalloc(&ones, count * sizeof(T)) == cudaSuccess &&
+               cudaMemcpy(ones, host.data(), count * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
+    }
+
+    // db[c] = the sum of dy[n, c, ...] over n and the positions, written whole
+    template <typename T>
+    bool bias_gradient(Cublas &blas, cudaStream_t stream, const T *dyp, T *dbp) const {
+        const T *one = static_cast<const T *>(ones);
+        const int rows = batch * channel_count;
+        if (batch == 1 && positions == 1) {
+            const size_t bytes = channel_count * sizeof(T);
+            return cudaMemcpyAsync(dbp, dyp, bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess;
+        }
+        if (!blas.on(stream)) return false;
+        // each item's sums: dy's rows (an item's channel, of its positions) times the ones
+        T *items = batch == 1 ? dbp : static_cast<T *>(sums);
+        if (positions > 1 && gemm(blas.handle, CUBLAS_OP_T, CUBLAS_OP_N, rows, 1, positions, T(1), dyp, positions, one,
+                                  positions, T(0), items, rows) != 0)
+            return false;
+        // then over the batch: the items' sums (or dy itself, of one position), channels by batch, times the ones
+        const T *summed = positions == 1 ? dyp : items;
+        return batch == 1 || gemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, channel_count, 1, batch, T(1), summed,
+                                  channel_count, one, batch, T(0), dbp, channel_count) == 0;
     }
 
     // the first algorithm the heuristics rank that cuDNN says it can run here
@@ -420,6 +467,9 @@ struct Convolution {
         release(x);
         release(y);
         release(bias);
+        if (ones) cudaFree(ones);
+        if (sums) cudaFree(sums);
+        ones = sums = nullptr;
         if (w) DCNB_CUDNN(cudnnDestroyFilterDescriptor, w);
         if (conv) DCNB_CUDNN(cudnnDestroyConvolutionDescriptor, conv);
         w = nullptr;
@@ -438,7 +488,8 @@ struct Convolution {
 
     // the gradients asked for (null pointers: not asked), each written whole (beta 0)
     template <typename T>
-    bool backward(Cudnn &dnn, cudaStream_t stream, const T *dyp, const T *xp, const T *wp, T *dxp, T *dwp) const {
+    bool backward(Cudnn &dnn, Cublas &blas, cudaStream_t stream, const T *dyp, const T *xp, const T *wp, T *dxp,
+                  T *dwp, T *dbp) const {
         const T one = 1, zero = 0;
         bool ok = dnn.on(stream);
         if (ok && dxp)
@@ -447,6 +498,7 @@ struct Convolution {
         if (ok && dwp)
             ok = DCNB_CUDNN(cudnnConvolutionBackwardFilter, dnn.handle, &one, x, xp, y, dyp, conv, filter_algo,
                             dnn.workspace, filter_bytes, &zero, w, dwp) == 0;
+        if (ok && dbp) ok = bias_gradient(blas, stream, dyp, dbp);
         return ok;
     }
 };

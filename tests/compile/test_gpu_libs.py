@@ -65,21 +65,44 @@ class _Convolutions(nn.Module):
         return self.wide(y.flatten(2))
 
 
+class _SqueezeExcite(nn.Module):
+    """EfficientNet's squeeze-excitation: 1x1 convolutions with a bias over one position per channel."""
+
+    def __init__(self):
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(8, 4, 1), nn.Conv2d(4, 8, 1)
+
+    def forward(self, x):
+        scale = torch.sigmoid(self.expand(nn.functional.silu(self.reduce(x.mean((2, 3), keepdim=True)))))
+        return x * scale
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 def test_convolutions_call_cudnn(arch):
     session = _session(_Convolutions(), torch.randn(2, 3, 16, 16))
     (forward, forward_cuda), (backward, backward_cuda) = cuda_sources(session, arch)
     assert forward.count("dcnb_gpu::Convolution ") == 3  # a state field each
     assert forward.count(".forward<float>(__state->dcnb_cudnn, __dace_current_stream") == 3
-    # the gradients of the convolution without a bias; those with one stay on the loops (cuDNN's bias gradient
-    # answered BAD_PARAM on an H100)
-    assert backward.count(".backward<float>(__state->dcnb_cudnn, __dace_current_stream") == 1
+    # every gradient, a bias's too: the loops ran them as one-thread kernels (cuDNN's own bias gradient answered
+    # BAD_PARAM on an H100; cuBLAS sums it, on the same stream)
+    calls = ".backward<float>(__state->dcnb_cudnn, __state->dcnb_cublas, __dace_current_stream"
+    assert backward.count(calls) == 3
     # the groups, and the directions each node runs (its algorithms chosen when the binary is loaded)
-    assert ', 1, "dw")' in backward and '"dwb")' not in backward
+    assert ', 1, "dw")' in backward and ', 8, "dwb")' in backward and ', 1, "dwb")' in backward
+    assert "__state->dcnb_cublas.create()" in backward
     assert "__state->dcnb_cudnn.create()" in forward
-    assert "im2col" not in forward + forward_cuda and "acc +=" not in forward_cuda  # none of the C++ loops
+    # none of the C++ loops
+    assert "im2col" not in forward + forward_cuda and "acc +=" not in forward_cuda + backward_cuda
+    assert "B_grad[oc] +=" not in backward_cuda
     for host, cuda in ((forward, forward_cuda), (backward, backward_cuda)):
         assert "cudnn.h" not in host + cuda
+
+
+def test_a_bias_gradient_of_one_position_per_channel_is_summed_by_cublas():
+    session = _session(_SqueezeExcite(), torch.randn(2, 8, 5, 5))
+    _, (backward, backward_cuda) = cuda_sources(session, "90")
+    assert backward.count(".backward<float>(__state->dcnb_cudnn, __state->dcnb_cublas") == 2
+    assert backward.count('"dwb")') == 2 and "B_grad[oc] +=" not in backward_cuda
 
 
 class _Pools(nn.Module):

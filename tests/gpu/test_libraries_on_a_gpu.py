@@ -9,7 +9,7 @@ import torch
 
 import dcnb
 from tests.compile.test_blas import _Batched
-from tests.compile.test_gpu_libs import _Convolutions, _Pools
+from tests.compile.test_gpu_libs import _Convolutions, _Pools, _SqueezeExcite
 from tests.models import TinyMLP
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
@@ -18,6 +18,10 @@ CASES = {
     "mlp": lambda: (TinyMLP(), torch.randn(8, 16)),
     "batched": lambda: (_Batched(), torch.randn(2, 5, 4)),
     "convolutions": lambda: (_Convolutions(), torch.randn(2, 3, 16, 16)),
+    # a bias's gradient summed by cuBLAS over the positions and the batch, over either alone, or copied
+    "convolutions_of_one_item": lambda: (_Convolutions(), torch.randn(1, 3, 16, 16)),
+    "squeeze_excite": lambda: (_SqueezeExcite(), torch.randn(2, 8, 5, 5)),
+    "squeeze_excite_of_one_item": lambda: (_SqueezeExcite(), torch.randn(1, 8, 5, 5)),
     "pools": lambda: (_Pools(), torch.randn(2, 3, 8, 8)),
     # ties in every window: max pooling's gradient goes to one element of each, as PyTorch's first maximum
     "tied_pools": lambda: (_Pools(), torch.randint(0, 2, (2, 3, 8, 8)).float()),

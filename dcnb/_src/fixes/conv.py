@@ -448,9 +448,8 @@ def _cudnn_applies(conv, state, sdfg) -> bool:
     # one descriptor each for an array and its gradient
     if any(len({tuple(int(s) for s in d.strides) for d in same}) != 1 for same in (x, w, y)):
         return False
-    # cudnnConvolutionBackwardBias answered CUDNN_STATUS_BAD_PARAM on an H100 (cuDNN 9, every convolution with a
-    # bias): such a gradient stays on the loops until a GPU run shows a bias gradient cuDNN takes
-    return "B_grad" not in arrays
+    # the bias's gradient is summed by cuBLAS over the output gradient as laid out packed (gpu_libs.h)
+    return "B_grad" not in arrays or packed(arrays["Y_grad"])
 
 
 def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
@@ -461,7 +460,7 @@ def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
     forward = "Y" in arrays
     y = arrays["Y" if forward else "Y_grad"]
     rank = len(x.shape) - 2
-    runs = "f" if forward else "".join(r for n, r in (("X_grad", "d"), ("W_grad", "w")) if n in arrays)
+    runs = "f" if forward else "".join(r for n, r in (("X_grad", "d"), ("W_grad", "w"), ("B_grad", "b")) if n in arrays)
     create = (
         f"FIELD.create(__state->dcnb_cudnn, {cudnn_type(x)}, {shape(x)}, {shape(w)}, {shape(y)}, "
         f"dcnb_gpu::Spatial({gpu_libs.dims(conv.pads[:rank])}, 0), "
@@ -473,10 +472,10 @@ def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
     if forward:
         call = f"FIELD.forward<{ctype}>(__state->dcnb_cudnn, __dace_current_stream, X, W, {given('B')}, Y)"
     else:
-        grads = ", ".join(given(n) for n in ("X_grad", "W_grad"))
+        grads = ", ".join(given(n) for n in ("X_grad", "W_grad", "B_grad"))
         call = (
-            f"FIELD.backward<{ctype}>(__state->dcnb_cudnn, __dace_current_stream, Y_grad, {given('X')}, "
-            f"{given('W')}, {grads})"
+            f"FIELD.backward<{ctype}>(__state->dcnb_cudnn, __state->dcnb_cublas, __dace_current_stream, Y_grad, "
+            f"{given('X')}, {given('W')}, {grads})"
         )
     return library_call(conv, state, sdfg, "conv", "dcnb_gpu::Convolution", create, call)
 
@@ -541,8 +540,8 @@ class ExpandConvolutionLoops(ExpandTransformation):
 @dace.library.expansion
 class ExpandConvolutionCudnn(ExpandTransformation):
     # gap: DaCe's only GPU convolution is ATen's depthwise kernel (backward only, needing PyTorch's CUDA headers);
-    # in CUDA builds the loops ran as one-thread kernels: cuDNN, as eager calls it
-    environments = [gpu_libs.CuDNN]
+    # in CUDA builds the loops ran as one-thread kernels: cuDNN, as eager calls it (and cuBLAS for a bias's gradient)
+    environments = [gpu_libs.CuDNN, gpu_libs.CuBLAS]
     expansion = staticmethod(_cudnn_call)
 
 
