@@ -3,6 +3,8 @@
 DaCe's ``program_for_node`` parses an expansion's Python program into an SDFG each time a node expands (~0.3 s on
 these 2 cores): a ResNet-18's 20 BatchNormalizations took 6.5 s of its 104 s naive step, though they come in five
 shapes. A node whose program, constants and connectors' descriptors equal an earlier one's gets a copy of that SDFG.
+dcnb's expansions call ``parsed``; DaCe's own call it in place of ``program_for_node`` (``from_dace``, installed on
+import).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import numpy as np
 from dace.frontend.python.parser import DaceProgram
 from dace.libraries.onnx.op_implementations.utils import program_for_node
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
+from dace.transformation.onnx import constant_folding
 
-from .. import events
+from .. import dace_internals, events
 
 #: parsed programs kept: a model's distinct normalizations and reductions, many times over
 KEPT = 256
@@ -34,8 +37,12 @@ def parsed(program: Callable, sdfg: dace.SDFG, state: dace.SDFGState, node, **gl
     key = _key(program, sdfg, state, node, globals_)
     if key is not None and key in _parsed:
         _parsed.move_to_end(key)
+        # what program_for_node does besides parsing: the inputs the program does not take (Reshape's shape) go,
+        # with what computes them only for them
+        for unused in set(node.schema.non_variadic_inputs()) - set(inspect.signature(program).parameters):
+            constant_folding.remove_node_and_computation(sdfg, state, node, unused)
         result = copy.deepcopy(_parsed[key])
-        result.name = f"{node.label}_expansion"  # as DaCe names it: labels differ, and so must nested SDFGs' names
+        result.name = _name(program, node)
         return result
     events.emit("parse")
     result = program_for_node(program, sdfg, state, node, extra_vars=globals_ or None)
@@ -46,11 +53,25 @@ def parsed(program: Callable, sdfg: dace.SDFG, state: dace.SDFGState, node, **gl
     return result
 
 
+def _name(program: Callable, node) -> str:
+    """The name a parse of ``program`` for ``node`` gives its SDFG: a copy named otherwise made an SDFG's content
+    depend on what the process had parsed before (an inlined expansion's arrays are renamed after it where they
+    clash: ``..._Reshape_3_expansion_data_0``), and so its build key."""
+    program.__name__ = f"{node.label}_expansion"  # as program_for_node names it before it parses
+    return DaceProgram(program, (), {}, False, dace.DeviceType.CPU).name
+
+
+def from_dace(program: Callable, sdfg: dace.SDFG, state: dace.SDFGState, node, extra_vars: dict | None = None):
+    """``parsed`` as DaCe's expansions call ``program_for_node``."""
+    extra_vars = extra_vars or {}
+    if extra_vars.keys() & {"program", "sdfg", "state", "node"}:  # names ``parsed`` takes for itself
+        return program_for_node(program, sdfg, state, node, extra_vars=extra_vars)
+    return parsed(program, sdfg, state, node, **extra_vars)
+
+
 def _key(program: Callable, sdfg: dace.SDFG, state: dace.SDFGState, node, globals_: dict) -> Hashable | None:
     """What the parse depends on; None where something in it cannot be compared (then it is parsed each time)."""
     params = list(inspect.signature(program).parameters)
-    if set(node.schema.non_variadic_inputs()) - set(params):
-        return None  # program_for_node also removes the unused inputs' computation from the parent: not skipped
     inputs = set(node.in_connectors)
     try:
         descriptors = tuple(
@@ -90,4 +111,9 @@ def _frozen(value: Any) -> Hashable:
         return ("program", _frozen(value.f))
     if isinstance(value, types.ModuleType):
         return ("module", value.__name__)
+    if isinstance(value, dace.data.Data):  # a descriptor the program reads its shape from (DaCe's Unsqueeze)
+        return ("data", _descriptor(value))
     raise TypeError(f"cannot compare a {type(value).__name__}")
+
+
+dace_internals.replace_program_parses(from_dace)
