@@ -1,6 +1,7 @@
 """Session.search on real builds: a beam search over recipes, every candidate built, checked and timed as a step,
 the best replayed as ordinary steps, the table of every candidate, seeded order, the build cache resumed."""
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -223,6 +224,20 @@ def test_the_best_on_time_is_the_fastest_of_the_finalists_timed_together(cache):
     assert result.to_dict()["candidates"][result.best.index]["together"] == result.best.together
     if result.best.index != 0:
         assert "timed together" in result.summary()
+
+
+def test_finalists_the_closing_run_cannot_tell_from_the_fastest_are_timed_again(cache):
+    # one run put MobileNetV2's start 0.5% ahead of auto_optimize (all flagged noisy), the run after it 6% behind:
+    # those whose times overlap the fastest's are timed together again; here one binary under two names
+    torch.manual_seed(0)
+    session = dcnb.optimize(Mish(), torch.rand(*SHAPE), baselines=("torch",), time_budget=0.5)
+    start = search.Candidate(index=0, recipe=(), parent=None, ok=True, step=session.current)
+    twin = dataclasses.replace(start, index=1)
+    state = session._states[-1]
+    with events.count() as counted:
+        ratios = search._together(session, [(start, state), (twin, state)])
+    assert 2 <= counted["timed together"] <= 1 + search.RETIMED
+    assert set(ratios) == {0, 1} and all(r > 0 and c is None for r, c in ratios.values())
 
 
 def test_what_the_best_is_to_beat_is_timed_with_the_finalists_whatever_its_own_timing(cache, monkeypatch):
