@@ -32,6 +32,7 @@ import itertools
 import math
 import os
 import random
+import statistics
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -489,7 +490,7 @@ def _together(
 def _mean(ratios: Iterable[float | None]) -> float | None:
     """The geometric mean of ratios (None where one is missing)."""
     ratios = list(ratios)
-    return None if None in ratios else math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return None if None in ratios else statistics.geometric_mean(ratios)
 
 
 @contextlib.contextmanager
