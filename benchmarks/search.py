@@ -15,6 +15,11 @@ torch.compile's time.
 
     DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --model bert_mini_layer --budget 600 --save-recipe --json
 
+``--size full`` searches the model at its full size (tests/hf_models.py's FULL, at its own batch unless
+``--batch``), against the same kept recipe; the recipes kept are the test sizes', so ``--save-recipe`` is refused.
+
+    DCNB_CUDA_BUILD=0 .venv/bin/python benchmarks/search.py --model bert_layer --size full --budget 600 --once --json
+
 ``--once`` runs the first search only. ``--together SECONDS`` (default 20; 0: none) ends with one interleaved run of
 eager, torch.compile, the search's best, the kept recipe and ``auto_optimize`` (replayed from the naive step, its
 builds in the cache): the comparison the search's goal is about, from one run rather than runs minutes apart.
@@ -42,7 +47,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="mish", help="mish (8x32x64x64), or a case of tests/zoo.py at its bench size")
     parser.add_argument("--model", help="a model of benchmarks/models.py instead of --case")
-    parser.add_argument("--batch", type=int, default=4, help="with --model: its inputs repeated this many times")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="with --model: its inputs repeated this many times (default 4); full size: the batch")
+    parser.add_argument("--size", choices=("test", "full"), default="test",
+                        help="with --model: its test size (tests/hf_models.py, default) or its full size")
     parser.add_argument("--save-recipe", action="store_true", help="with --model: keep the best if it beats the kept")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
     parser.add_argument("--objective", default="time")
@@ -58,6 +66,11 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="print each search's table too")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.size == "full" and not args.model:
+        parser.error("--size full needs --model")
+    if args.size == "full" and args.save_recipe:
+        # benchmarks/recipes/ holds the recipes found at the test sizes, which models.py replays at both
+        parser.error("--save-recipe keeps test-size recipes: drop it with --size full")
     os.environ["DCNB_CACHE"] = tempfile.mkdtemp(prefix="dcnb-search-")
     os.environ.setdefault("DCNB_CUDA_BUILD", "0")
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -71,7 +84,9 @@ def main() -> None:
         if args.model:
             from models import _build
 
-            module, inputs, kwargs = _build(args.model, args.batch)
+            if args.size == "full":
+                return _build(args.model, args.batch, "full")
+            module, inputs, kwargs = _build(args.model, 4 if args.batch is None else args.batch)
             return module, inputs, kwargs
         if args.case == "mish":
             torch.manual_seed(0)
@@ -131,6 +146,7 @@ def main() -> None:
         {
             "bench": "search",
             "case": args.model or args.case,
+            "size": args.size,
             "shapes": [list(t.shape) for t in made()[1]],
             "budget_s": args.budget,
             "objective": args.objective,

@@ -9,9 +9,13 @@ compile, a check and a timing (seconds, not microseconds), which rules out searc
 samples; a beam keeps the ``beam`` best candidates of each length and extends only those, so that a search of depth d
 tries at most ``beam * actions * d`` candidates, and the most promising first when the budget cuts it short. With no
 depth given, levels go on while the budget lasts: at the test sizes a search reached depth 3 in 2-6 of its 10 minutes
-and left the rest unused. A candidate's compiled SDFGs name their content (the build cache's key): a sequence that ends
-where another ended is recorded as that one's, and not checked, timed or extended again. Builds are cached by content,
-so a second search of the same module, in this process or another, compiles nothing it compiled before.
+and left the rest unused. An action that matches at a few places (2 to ``places``) is also tried at each place alone,
+after every action of its level has been tried whole: applied everywhere it may help at one place and cost at another.
+Where an action matches at more, one place at a time would be as many candidates, each a compile, and combinations of
+places far more: the whole action stands for them. A candidate's compiled SDFGs name their content (the build cache's
+key): a sequence that ends where another ended is recorded as that one's, and not checked, timed or extended again.
+Builds are cached by content, so a second search of the same module, in this process or another, compiles nothing it
+compiled before.
 
 Each candidate's time over eager's comes from a timing run of its own, and those runs are minutes apart on a machine
 whose load moves (eager's own time moved 4.7x under load). So the search keeps the ``FINALISTS`` best candidates'
@@ -34,6 +38,7 @@ import os
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +61,8 @@ FINALISTS = 3
 #: overlapping its): one run put MobileNetV2's start 0.5% ahead of auto_optimize, all of them flagged noisy, and the
 #: run after it 6% behind
 RETIMED = 2
+#: up to how many places an action may match, by default, for the search to try it at each of them alone too
+PLACES = 3
 #: the one-action candidate from the start that is always timed with the finalists: DaCe's heuristics
 REFERENCE = Entry("auto_optimize")
 
@@ -187,6 +194,8 @@ class SearchResult:
     #: the longest sequence it was to try (None: as long as the budget lasted)
     depth: int | None
     seed: int
+    #: up to how many places an action matched for it to be tried at each alone too (0: never)
+    places: int
     #: the session's recipe where the search started; each candidate's recipe follows it
     start_recipe: list[dict[str, Any]]
     candidates: tuple[Candidate, ...]
@@ -227,7 +236,8 @@ class SearchResult:
         tried = len(self.candidates) - 1
         failed = sum(not c.ok for c in self.candidates)
         return (
-            f"search for {self.objective} (beam {self.beam}, depth {self.depth or 'open'}, seed {self.seed}): {tried} "
+            f"search for {self.objective} (beam {self.beam}, depth {self.depth or 'open'}, places {self.places}, seed "
+            f"{self.seed}): {tried} "
             f"candidates ({failed} failed) in {self.seconds:.0f} s of {self.budget:g} s, {self.builds} compiles on "
             f"{self.where}; stopped: {self.stopped}"
         )
@@ -288,6 +298,7 @@ class SearchResult:
             "beam": self.beam,
             "depth": self.depth,
             "seed": self.seed,
+            "places": self.places,
             "start_recipe": self.start_recipe,
             "candidates": [c.to_dict() for c in self.candidates],
             "best": self.best.index,
@@ -318,10 +329,11 @@ def search(
     seed: int = 0,
     cluster: Any = None,
     recipes: Sequence[Sequence[str | dict[str, Any]]] = (),
+    places: int = PLACES,
 ) -> SearchResult:
     """Beam search from the session's current step (``Session.search`` documents it); the best candidate's entries
     are then applied as ordinary steps."""
-    budget, objective, beam, depth = _checked(budget, objective, beam, depth, seed)
+    budget, objective, beam, depth = _checked(budget, objective, beam, depth, seed, places)
     wanted = _entries(session, actions_)
     start_state = session._states[-1]
     given = _recipes(session, recipes, start_state.applied)
@@ -381,7 +393,11 @@ def search(
             for level in itertools.count() if depth is None else range(depth):
                 # the given recipes' ends compete with the first level's candidates to be extended
                 children = [r for i, r in rivals.items() if i != 0] if level == 0 else []
-                tries = ((p, s, e) for p, s in frontier for e in _matching(session, s, wanted))
+                # every action whole first, then at each of its places alone where it matches at few
+                tries = itertools.chain(
+                    ((p, s, e) for p, s in frontier for e in _matching(session, s, wanted)),
+                    ((p, s, e) for p, s in frontier for e in _placed(s, wanted, places)),
+                )
                 flight: collections.deque[_Flight] = collections.deque()
                 while True:
                     # the next candidates begin (transformed, their compiles started) while the first is finished:
@@ -444,6 +460,7 @@ def search(
         beam=beam,
         depth=depth,
         seed=seed,
+        places=places,
         start_recipe=[e.to_json() for e in start_state.applied],
         candidates=tuple(tried),
         best=best,
@@ -603,13 +620,39 @@ def _matching(session: Session, state: _State, wanted: list[Entry]) -> list[Entr
     return found
 
 
+def _placed(state: _State, wanted: list[Entry], most: int) -> list[Entry]:
+    """Each entry of ``wanted`` without places of its own, once for each place its action matches in ``state``
+    (``where`` its labels), where it matches at 2 to ``most`` places."""
+    from .session import _targets
+
+    found = []
+    for entry in wanted:
+        action = actions.get(entry.name)
+        if entry.where is not None or action.places is None:
+            continue
+        labels = []
+        for sdfg in _targets(action, state):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    labels.extend(b.labels for b in action.places(sdfg, None, entry.options))
+            except Exception:  # noqa: BLE001 -- as for counts: a matcher that crashes offers nothing
+                continue
+        labels = list(dict.fromkeys(labels))  # a place bound alike on both sides is applied on both by its labels
+        if 2 <= len(labels) <= most:
+            found.extend(dataclasses.replace(entry, where=where) for where in labels)
+    return found
+
+
 def _content(state: _State) -> tuple[str | None, ...]:
     """What a state compiled to: its SDFGs' names end in their build keys (the SDFG's hash and everything else that
     makes the binary)."""
     return tuple(None if s is None else s.name for s in state.compiled)
 
 
-def _checked(budget: Any, objective: Any, beam: Any, depth: Any, seed: Any) -> tuple[float, str, int, int | None]:
+def _checked(
+    budget: Any, objective: Any, beam: Any, depth: Any, seed: Any, places: Any
+) -> tuple[float, str, int, int | None]:
     number = isinstance(budget, (int, float)) and not isinstance(budget, bool)
     if not (number and budget > 0 and not math.isnan(budget)):
         raise DcnbError(f"search's budget must be a number of seconds above 0, not {budget!r}")
@@ -620,6 +663,8 @@ def _checked(budget: Any, objective: Any, beam: Any, depth: Any, seed: Any) -> t
             raise DcnbError(f"search's {name} must be a whole number, 1 or more, not {value!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise DcnbError(f"search's seed must be a whole number, not {seed!r}")
+    if not isinstance(places, int) or isinstance(places, bool) or places < 0:
+        raise DcnbError(f"search's places must be a whole number, 0 or more, not {places!r}")
     return float(budget), objective, beam, depth
 
 

@@ -414,25 +414,27 @@ class Session:
         seed: int = 0,
         cluster: Any = None,
         recipes: Sequence[Sequence[str | dict[str, Any]]] = (),
+        places: int = search_module.PLACES,
     ) -> search_module.SearchResult:
-        """Find a recipe: a beam search from the current step over sequences of ``actions`` (names, or recipe
-        entries with options; default: every action on offer), each extended by every action that matches at its
-        end, the ``beam`` best of each length kept, up to ``depth`` actions long (default: as long as the budget
-        lasts), until ``budget`` seconds are spent (a candidate begun is finished). Every candidate is built,
-        checked and timed as a step is, but kept out of the history; ``objective`` "time" ranks by dcnb's time over
-        eager's, "memory" by the intermediate bytes, then time; ties are broken by ``random.Random(seed)``. On time,
-        the few best are timed again together at the end with what the best is to beat, and the fastest there is the
-        best: the start, ``auto_optimize`` (where it is among ``actions``) and ``recipes``. Those are recipes known
-        before (a kept one, say: a list of steps as ``recipe`` gives, the start's own steps at their head or not),
-        built first within the budget, each of their steps a candidate, their ends extended as the first actions'
-        are. The best becomes ordinary steps (``apply`` for each of its entries); the result holds every candidate
-        tried, failed ones with their reason.
+        """Find a recipe: a beam search from the current step over sequences of ``actions`` (names, or recipe entries
+        with options; default: every action on offer), each extended by every action that matches at its end, the
+        ``beam`` best of each length kept, up to ``depth`` actions long (default: as long as the budget lasts), until
+        ``budget`` seconds are spent (a candidate begun is finished). An action matching at 2 to ``places`` places is
+        also tried at each place alone (``where``), after its level's actions whole. Every candidate is built, checked
+        and timed as a step is, but kept out of the history; ``objective`` "time" ranks by dcnb's time over eager's,
+        "memory" by the intermediate bytes, then time; ties are broken by ``random.Random(seed)``. On time, the few best
+        are timed again together at the end with what the best is to beat, and the fastest there is the best: the start,
+        ``auto_optimize`` (where it is among ``actions``) and ``recipes``. Those are recipes known before (a kept one,
+        say: a list of steps as ``recipe`` gives, the start's own steps at their head or not), built first within the
+        budget, each of their steps a candidate, their ends extended as the first actions' are. The best becomes
+        ordinary steps (``apply`` for each of its entries); the result holds every candidate tried, failed ones with
+        their reason.
 
         The next candidates are transformed and their compiles started while one is checked and timed; where they
         compile: this machine's cores, or with ``cluster`` (a ``dask.distributed.Client`` or a scheduler's address,
         ``pip install dcnb[cluster]``) the cluster's workers, their binaries brought back here, where every
         candidate is checked and timed, alone (compiles here pause while a candidate is timed)."""
-        return search_module.search(self, budget, objective, actions, beam, depth, seed, cluster, recipes)
+        return search_module.search(self, budget, objective, actions, beam, depth, seed, cluster, recipes, places)
 
     def undo(self) -> Step:
         """Go back to the state before the last successful step; returns the step now current."""

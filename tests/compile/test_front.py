@@ -213,7 +213,7 @@ def test_the_magic_searches_and_the_view_shows_the_candidates(ip, capsys):
     # the view's Search: candidates in a table and a plot of time against memory, the best as steps
     w = SessionWidget(found, variable="searched")
     _request(w, event="search", budget=4)
-    assert w.message.startswith("search for time (beam 3, depth open, seed 0): ") and "best: " in w.message
+    assert w.message.startswith("search for time (beam 3, depth open, places 3, seed 0): ") and "best: " in w.message
     rows, points = w.search["table"]["rows"], w.search["points"]
     assert rows and len(rows) >= len(points) >= 1 and rows[0]["cells"][2] == "start"
     assert sum(p["best"] for p in points) == 1 and any(p["front"] for p in points)

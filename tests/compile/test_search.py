@@ -12,6 +12,7 @@ from torch import nn
 
 import dcnb
 from dcnb._src import build, events, forked, search, timing
+from dcnb._src.recipe import Entry
 from tests.models import Mish
 
 pytestmark = pytest.mark.compile
@@ -20,8 +21,8 @@ pytestmark = pytest.mark.compile
 SHAPE = (3, 5, 6, 16)
 ACTIONS = ["map_fusion", "tasklet_fusion", "vectorization"]
 #: objective memory with a beam of 1: the level's best is the one candidate storing nothing (tasklet_fusion), so
-#: which candidates are tried does not depend on timings
-SEARCH = dict(objective="memory", actions=ACTIONS, beam=1, depth=2, seed=0)
+#: which candidates are tried does not depend on timings; the actions whole (places alone have a test of their own)
+SEARCH = dict(objective="memory", actions=ACTIONS, beam=1, depth=2, seed=0, places=0)
 
 
 def _session() -> dcnb.Session:
@@ -140,6 +141,28 @@ def test_a_spent_budget_returns_the_start(searched):
     assert "no candidate did better" in result.as_text()
 
 
+def test_an_action_matching_at_few_places_is_also_tried_at_each_alone(cache):
+    # applied everywhere, an action may help at one place and cost at another: where it matches at a few, the
+    # search tries it at each alone too, after the level's actions whole
+    session = _session()
+    labels = list(dict.fromkeys(p.labels for p in session.places("map_fusion")))
+    assert len(labels) >= 2, labels
+    result = session.search(300, objective="memory", actions=["map_fusion"], beam=1, depth=1, places=len(labels))
+    level = result.candidates[1:]
+    assert [c.recipe for c in level] == [(Entry("map_fusion"),), *((Entry("map_fusion", where=w),) for w in labels)]
+    assert all(c.ok for c in level), [c.error for c in level]
+    alone = [c for c in level[1:] if c.same_as is None]
+    assert alone and all(c.step.applied < level[0].step.applied for c in alone)
+    assert f"places {len(labels)}" in result.headline and "map_fusion (where " in result.as_text()
+    # a place's recipe replays to its binaries: the where is kept
+    with events.count() as counted:
+        again = dcnb.replay(Mish(), torch.rand(*SHAPE), recipe=[e.to_json() for e in alone[0].recipe], baselines=())
+    assert counted["build"] == 0 and again.current.applied == alone[0].step.applied
+    # beyond ``places`` places, the whole action stands for them
+    fewer = _session().search(300, objective="memory", actions=["map_fusion"], beam=1, depth=1, places=len(labels) - 1)
+    assert _titles(fewer) == ["start", "map_fusion"]
+
+
 def test_a_failing_candidate_is_recorded_with_its_reason():
     # tasklet_fusion fuses a GroupNorm's statistics into one map before autodiff, which cannot store them
     torch.manual_seed(0)
@@ -175,6 +198,7 @@ def test_a_failing_candidate_is_recorded_with_its_reason():
         (dict(budget=60, recipes=[[{"name": "map_fusion", "options": {"tile": 16}}]]), "map_fusion takes the options"),
         (dict(budget=60, beam=0), "beam must be a whole number, 1 or more, not 0"),
         (dict(budget=60, depth=1.5), "depth must be a whole number, 1 or more, not 1.5"),
+        (dict(budget=60, places=-1), "places must be a whole number, 0 or more, not -1"),
     ],
 )
 def test_bad_input_names_its_cause(searched, kwargs, cause):
