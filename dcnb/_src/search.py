@@ -61,6 +61,10 @@ FINALISTS = 3
 #: overlapping its): one run put MobileNetV2's start 0.5% ahead of auto_optimize, all of them flagged noisy, and the
 #: run after it 6% behind
 RETIMED = 2
+#: the share of a search's budget each of those runs may take, where that is longer than a step's timing: it decides
+#: the best, and a step's budget gave the BERT-base and GPT-2 blocks at full size (0.4 s a call) 3 rounds each, whose
+#: best was 5-6% slower than the kept recipe in a run of 9 rounds right after
+CLOSING = 0.03
 #: up to how many places an action may match, by default, for the search to try it at each of them alone too
 PLACES = 3
 #: the one-action candidate from the start that is always timed with the finalists: DaCe's heuristics
@@ -439,7 +443,8 @@ def search(
     finally:
         session._report = report
     timed_together = {c.index: (c, s) for c, s in [(start, start_state), *rivals.values(), *finalists]}
-    together = _together(session, list(timed_together.values())) if objective == "time" else {}
+    closing = CLOSING * budget
+    together = _together(session, list(timed_together.values()), closing) if objective == "time" else {}
     if together:
         tried = [
             dataclasses.replace(c, together=together[c.index][0], together_compile=together[c.index][1])
@@ -475,12 +480,13 @@ def search(
 
 
 def _together(
-    session: Session, finalists: list[tuple[Candidate, _State]]
+    session: Session, finalists: list[tuple[Candidate, _State]], seconds: float = 0.0
 ) -> dict[int, tuple[float, float | None]]:
     """The finalists' times over eager's and over torch.compile's (candidate index -> the two ratios; the second
     None where torch.compile is not a baseline) from one interleaved run of them all, and up to ``RETIMED`` more of
-    those still tied with the fastest (each ratio then the geometric mean of its runs'); none where fewer than two
-    are timed or eager is not among the session's baselines."""
+    those still tied with the fastest (each ratio then the geometric mean of its runs'), each run ``seconds`` long
+    or a step's timing where that is longer; none where fewer than two are timed or eager is not among the
+    session's baselines."""
     timed = [(c, state) for c, state in finalists if c.dcnb_ms is not None]
     if len(timed) < 2 or not session._timed or "torch" not in session._baselines.names:
         return {}
@@ -491,7 +497,7 @@ def _together(
         session._progress(f"timing the {len(running)} best candidates together")
         events.emit("timed together")
         with verify.preserved(session._module, session.training), alone.timing():
-            timings = session._baselines.time_together({name: modules[name] for name in running})
+            timings = session._baselines.time_together({name: modules[name] for name in running}, seconds)
         eager = timings["torch"].median
         compiled = timings["torch_compile"].median if "torch_compile" in timings else None
         for name in running:

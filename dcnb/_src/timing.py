@@ -217,23 +217,27 @@ class Baselines:
         notes.extend(noise(timings, load=load_average(), cores=os.cpu_count()))
         return timings, tuple(notes)
 
-    def time_together(self, candidates: dict[str, nn.Module]) -> dict[str, Timing]:
+    def time_together(self, candidates: dict[str, nn.Module], at_least_s: float = 0.0) -> dict[str, Timing]:
         """Time ``candidates`` (compiled modules, by name), eager as "torch" and torch.compile as "torch_compile"
-        where it is a baseline already compiled, in one interleaved run within the budget (at least 3 rounds): ratios
-        that each come from a run of their own are minutes apart on a machine whose load moves, and these are not.
-        Each candidate is warmed up once (its binary ran long ago)."""
+        where it is a baseline already compiled, in one interleaved run within the budget (or ``at_least_s`` where
+        longer; at least 3 rounds): ratios that each come from a run of their own are minutes apart on a machine whose
+        load moves, and these are not. Each candidate is warmed up once (its binary ran long ago)."""
         modules = {**candidates, "torch": self._reference.module}
         if "torch_compile" in self.names and self._compiled is not None:
             modules["torch_compile"] = self._compiled
-        return self._interleaved(modules)
+        return self._interleaved(modules, budget_s=max(self._budget_s, at_least_s))
 
-    def _interleaved(self, modules: dict[str, nn.Module], warm: Collection[str] = ()) -> dict[str, Timing]:
-        """``modules`` (by name) timed in one interleaved run within the budget, at least 3 rounds; each warmed up
-        once first, but the baselines timed before and those ``warm`` names (just run)."""
+    def _interleaved(
+        self, modules: dict[str, nn.Module], warm: Collection[str] = (), budget_s: float | None = None
+    ) -> dict[str, Timing]:
+        """``modules`` (by name) timed in one interleaved run within the budget (the steps' unless ``budget_s``), at
+        least 3 rounds; each warmed up once first, but the baselines timed before and those ``warm`` names (just
+        run)."""
         calls = {name: self.call(fn) for name, fn in modules.items()}
         warmup = {name: 0 if name in self._warmed or name in warm else 1 for name in calls}
+        budget_s = self._budget_s if budget_s is None else budget_s
         with verify.preserved(self._reference.module):
-            timings = interleaved(calls, budget_s=self._budget_s, warmup=warmup, min_runs=3, sync=self._sync)
+            timings = interleaved(calls, budget_s=budget_s, warmup=warmup, min_runs=3, sync=self._sync)
         self._warmed |= set(calls) & set(self.names)
         return timings
 

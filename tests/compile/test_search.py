@@ -264,6 +264,24 @@ def test_finalists_the_closing_run_cannot_tell_from_the_fastest_are_timed_again(
     assert set(ratios) == {0, 1} and all(r > 0 and c is None for r, c in ratios.values())
 
 
+def test_the_closing_run_takes_its_share_of_the_search_budget(cache, monkeypatch):
+    # a step's timing budget gave full-size blocks (0.4 s a call) 3 rounds in the run that picks the best
+    budgets = []
+    real = timing.interleaved
+
+    def recorded(fns, **kwargs):
+        budgets.append((set(fns), kwargs["budget_s"]))
+        return real(fns, **kwargs)
+
+    monkeypatch.setattr(timing, "interleaved", recorded)
+    result = _session().search(100, objective="time", actions=ACTIONS, beam=1, depth=1, places=0)
+    closing = [budget for names, budget in budgets if "0" in names]  # the start, by its index
+    assert closing and result.start.together is not None
+    assert all(budget == search.CLOSING * 100 > 0.05 for budget in closing), closing
+    steps = [budget for names, budget in budgets if "dcnb" in names]
+    assert steps and all(budget == 0.05 for budget in steps)  # each candidate's own timing keeps the session's
+
+
 def test_what_the_best_is_to_beat_is_timed_with_the_finalists_whatever_its_own_timing(cache, monkeypatch):
     # a search of ResNet left auto_optimize out of its closing run (its own timing, minutes before, put it behind
     # three others) and ended 3% slower than it in the run after: the start, auto_optimize and the recipes given
