@@ -240,10 +240,9 @@ class SearchResult:
         tried = len(self.candidates) - 1
         failed = sum(not c.ok for c in self.candidates)
         return (
-            f"search for {self.objective} (beam {self.beam}, depth {self.depth or 'open'}, places {self.places}, seed "
-            f"{self.seed}): {tried} "
-            f"candidates ({failed} failed) in {self.seconds:.0f} s of {self.budget:g} s, {self.builds} compiles on "
-            f"{self.where}; stopped: {self.stopped}"
+            f"search for {self.objective} (beam {self.beam}, depth {self.depth or 'open'}, places {self.places}, "
+            f"seed {self.seed}): {tried} candidates ({failed} failed) in {self.seconds:.0f} s of {self.budget:g} s, "
+            f"{self.builds} compiles on {self.where}; stopped: {self.stopped}"
         )
 
     def summary(self) -> str:
@@ -443,8 +442,7 @@ def search(
     finally:
         session._report = report
     timed_together = {c.index: (c, s) for c, s in [(start, start_state), *rivals.values(), *finalists]}
-    closing = CLOSING * budget
-    together = _together(session, list(timed_together.values()), closing) if objective == "time" else {}
+    together = _together(session, list(timed_together.values()), CLOSING * budget) if objective == "time" else {}
     if together:
         tried = [
             dataclasses.replace(c, together=together[c.index][0], together_compile=together[c.index][1])
