@@ -86,8 +86,7 @@ def main() -> None:
 
             if args.size == "full":
                 return _build(args.model, args.batch, "full")
-            module, inputs, kwargs = _build(args.model, 4 if args.batch is None else args.batch)
-            return module, inputs, kwargs
+            return _build(args.model, 4 if args.batch is None else args.batch)
         if args.case == "mish":
             torch.manual_seed(0)
             return Mish(), (torch.rand(8, 32, 64, 64),), {}

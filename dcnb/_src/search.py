@@ -38,7 +38,6 @@ import os
 import random
 import statistics
 import time
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -627,22 +626,16 @@ def _matching(session: Session, state: _State, wanted: list[Entry]) -> list[Entr
 def _placed(state: _State, wanted: list[Entry], most: int) -> list[Entry]:
     """Each entry of ``wanted`` without places of its own, once for each place its action matches in ``state``
     (``where`` its labels), where it matches at 2 to ``most`` places."""
-    from .session import _targets
+    from .session import _safe_places, _targets
 
     found = []
     for entry in wanted:
         action = actions.get(entry.name)
         if entry.where is not None or action.places is None:
             continue
-        labels = []
-        for sdfg in _targets(action, state):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    labels.extend(b.labels for b in action.places(sdfg, None, entry.options))
-            except Exception:  # noqa: BLE001 -- as for counts: a matcher that crashes offers nothing
-                continue
-        labels = list(dict.fromkeys(labels))  # a place bound alike on both sides is applied on both by its labels
+        bound = [b for sdfg in _targets(action, state) for b in _safe_places(action, sdfg, None, entry.options)]
+        # a place bound alike on both sides is one: its labels apply it on both
+        labels = list(dict.fromkeys(b.labels for b in bound))
         if 2 <= len(labels) <= most:
             found.extend(dataclasses.replace(entry, where=where) for where in labels)
     return found

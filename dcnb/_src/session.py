@@ -355,12 +355,7 @@ class Session:
         targets = _targets(action, state)
         found = []
         for side, sdfg, shown in zip(("forward", "backward"), targets, state.compiled):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    bound = action.places(sdfg, where, {})
-            except Exception:  # as for counts: a matcher that crashes offers nothing rather than breaking the menu
-                continue
+            bound = _safe_places(action, sdfg, where, {})
             # the SDFG searched is not the one drawn (the build passes work on a copy, autodiff on another)
             drawn = diff.counterparts(sdfg, shown) if bound else {}
             found.extend(
@@ -877,6 +872,15 @@ def _safe_count(action: actions.Action, sdfg: dace.SDFG, where, options) -> int:
             return action.count(sdfg, where, options)
     except Exception:  # a matcher that crashes offers nothing rather than breaking the menu
         return 0
+
+
+def _safe_places(action: actions.Action, sdfg: dace.SDFG, where, options) -> list[actions.Bound]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return action.places(sdfg, where, options)
+    except Exception:  # as for counts
+        return []
 
 
 def optimize(
