@@ -359,7 +359,7 @@ struct Convolution {
     // the bias's gradient, the output gradient summed per channel as two products with a vector of ones (over the
     // positions, then over the batch) on cuBLAS: cudnnConvolutionBackwardBias answered CUDNN_STATUS_BAD_PARAM on an
     // H100. ``sums`` holds each item's, where both sums are needed
-    int batch = 0, channel_count = 0, positions = 1;
+    int batch = 0, channel_count = 0, positions = 0;
     void *ones = nullptr, *sums = nullptr;
 
     // ``spatial`` dimensions after batch and channel; ``runs``: 'f' forward, 'd' data gradient, 'w' weight
@@ -415,6 +415,7 @@ struct Convolution {
     bool bias_sums(const Shape &ys) {
         batch = ys.dims[0];
         channel_count = ys.dims[1];
+        positions = 1;
         for (int i = 2; i < ys.rank; ++i) positions *= ys.dims[i];
         const int count = batch > positions ? batch : positions;
         const size_t size = type == CUDNN_DATA_DOUBLE ? sizeof(double) : sizeof(float);
