@@ -16,6 +16,7 @@ from dace.codegen.compiled_sdfg import CompiledSDFG
 from dace.sdfg.graph import Graph, OrderedDiGraph
 from dace.sdfg.state import SDFGState
 from dace.transformation import PatternTransformation
+from dace.transformation.passes import simplify as simplify_passes
 from dace.transformation.subgraph import CompositeFusion, SubgraphFusion
 
 CHECKED_WITH = "2.0.0b1"
@@ -162,6 +163,15 @@ def replace_state_queries() -> None:
     SDFGState.reverse = reversed_
     SDFGState.sink_nodes = sink_nodes
     SDFGState.node_id = node_id
+
+
+def replace_simplify_pass(old: type, new: type) -> None:
+    """Put ``new`` in place of the pass ``old`` in DaCe's simplify: ``SimplifyPass`` instantiates the classes of the
+    module list ``SIMPLIFY_PASSES`` each time it is made, which ``sdfg.simplify`` does on every call; no registry
+    or argument offers another pass."""
+    passes = simplify_passes.SIMPLIFY_PASSES
+    if old in passes:
+        passes[passes.index(old)] = new
 
 
 def replace_program_parses(parse: Callable[..., dace.SDFG]) -> None:

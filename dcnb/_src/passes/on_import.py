@@ -9,10 +9,9 @@ from dace.autodiff.base_abc import find_backward_implementation
 from dace.frontend.common.einsum import EinsumParser
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
-from dace.transformation.interstate import InlineSDFG
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
-from .simplify import connectors_apart_from_outer_names, simplify
+from .simplify import simplify
 
 
 def lower(sdfg: dace.SDFG) -> None:
@@ -29,29 +28,7 @@ def lower(sdfg: dace.SDFG) -> None:
         if not targets:
             break
         expand_onnx_nodes(sdfg, predicate=lambda n: n in targets)
-    connectors_apart_from_outer_names(sdfg)  # before any inlining, as simplify does
-    inline_single_states(sdfg)
     simplify(sdfg)
-
-
-def inline_single_states(sdfg: dace.SDFG) -> int:
-    """Inline each nested SDFG of one state into the state around it (DaCe's InlineSDFG), innermost first, where
-    DaCe allows it; returns how many were.
-
-    gap: DaCe's simplify inlines with InlineMultistateSDFG first, even a nested SDFG of one state, and that splits
-    the state around it in three (``isolate_nested_sdfg``: a walk of the whole state) for StateFusion to merge again:
-    a 12-layer BERT's 312 expanded ONNX ops took 29.5 s to simplify under load 2, 13.9 s inlined here first (the same
-    1,469 nodes in one state)."""
-    inlined = 0
-    for node in reversed([n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG)]):
-        state = node.sdfg.parent
-        inliner = InlineSDFG()
-        match = {InlineSDFG.nested_sdfg: node}
-        inliner.setup_match(state.sdfg, state.parent_graph.cfg_id, state.block_id, match, 0, override=True)
-        if inliner.can_be_applied(state, 0, state.sdfg):
-            inliner.apply(state, state.sdfg)
-            inlined += 1
-    return inlined
 
 
 def transposes_into_products(sdfg: dace.SDFG) -> int:
