@@ -340,41 +340,43 @@ class _Layers(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("count", [2, 6])
-def test_the_ops_expanded_at_import_are_inlined_without_splitting_the_state_around_each(monkeypatch, count):
-    # DaCe's simplify inlined each of a 12-layer BERT's 312 expanded ops with its multi-state inliner, which splits
-    # the state around it in three, a walk of the whole state each (29.5 of the import's 50 s under load)
+@pytest.fixture
+def isolations(monkeypatch):
+    """Each call of DaCe's ``isolate_nested_sdfg`` (the multi-state inliner's split of the state around a nested
+    SDFG, or its test whether it could): whether it was only a test."""
     isolated, original = [], helpers.isolate_nested_sdfg
 
     def counted(state, *args, **kwargs):
         isolated.append(kwargs.get("test_if_applicable", False))
         return original(state, *args, **kwargs)
 
-    imported = frontend.import_module(_Layers(count), (torch.rand(2, 8),), training=False)
     monkeypatch.setattr(helpers, "isolate_nested_sdfg", counted)
+    return isolated
+
+
+@pytest.mark.parametrize("count", [2, 6])
+def test_the_ops_expanded_at_import_are_inlined_without_splitting_the_state_around_each(isolations, count):
+    # DaCe's simplify inlined each of a 12-layer BERT's 312 expanded ops with its multi-state inliner, which splits
+    # the state around it in three, a walk of the whole state each (29.5 of the import's 50 s under load)
+    imported = frontend.import_module(_Layers(count), (torch.rand(2, 8),), training=False)
+    isolations.clear()  # the import's own, before the lowering looked at here
     expanded = copy.deepcopy(imported.sdfg)
     on_import.lower(expanded)
     assert not [n for n, _ in expanded.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG)]
-    assert len(expanded.nodes()) == 1 and [a for a in isolated if not a] == [], isolated
+    assert len(expanded.nodes()) == 1 and [a for a in isolations if not a] == [], isolations
 
 
-def test_every_simplify_of_dcnb_s_inlines_nested_sdfgs_of_one_state_without_splitting_the_state(monkeypatch):
+def test_every_simplify_of_dcnb_s_inlines_nested_sdfgs_of_one_state_without_splitting_the_state(isolations):
     # an action's expansions are inlined by simplify as the import's are (fuse_rows' on a 12-layer BERT's backward:
     # 1,320 nested SDFGs of one state)
-    isolated, original = [], helpers.isolate_nested_sdfg
-
-    def counted(state, *args, **kwargs):
-        isolated.append(kwargs.get("test_if_applicable", False))
-        return original(state, *args, **kwargs)
-
     imported = frontend.import_module(_Layers(4), (torch.rand(2, 8),), training=False)
     expanded = copy.deepcopy(imported.sdfg)
     expand_onnx_nodes(expanded)
     assert [n for n, _ in expanded.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG)]
-    monkeypatch.setattr(helpers, "isolate_nested_sdfg", counted)
+    isolations.clear()  # the import's and the expansion's own, before the simplify looked at here
     simplify.simplify(expanded)
     assert not [n for n, _ in expanded.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG)]
-    assert len(expanded.nodes()) == 1 and [a for a in isolated if not a] == [], isolated
+    assert len(expanded.nodes()) == 1 and [a for a in isolations if not a] == [], isolations
 
 
 def _assigned(value: str | None) -> dace.SDFG:
