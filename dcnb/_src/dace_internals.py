@@ -6,9 +6,10 @@ DaCe's public API (SDFG, nodes, transformations, the ONNX and autodiff registrie
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import dace
 import dace.sdfg.state
@@ -163,6 +164,53 @@ def replace_state_queries() -> None:
     SDFGState.reverse = reversed_
     SDFGState.sink_nodes = sink_nodes
     SDFGState.node_id = node_id
+
+
+def replace_nested_sdfg_symbols() -> None:
+    """Add a nested SDFG (``SDFGState.add_nested_sdfg``) without working out the symbols its parent defines where the
+    nested SDFG already declares every symbol its node maps: DaCe's method works them out first and reads them only
+    to type a symbol the nested SDFG lacks. The same node, mapping and symbols; elsewhere DaCe's method as it is.
+
+    gap: the lookup walks every array of the parent SDFG (``defined_symbols``), once per library node expanded:
+    8.5 of auto_optimize's 142 s on a 12-layer BERT's backward, 1,212 expansions into an SDFG of over 1,100 arrays.
+    """
+    original = SDFGState.add_nested_sdfg
+    if getattr(original, "looked_up_when_read", False):
+        return
+    parameters = inspect.signature(original)
+
+    def add_nested_sdfg(state: SDFGState, *args, **kwargs):
+        bound = parameters.bind(state, *args, **kwargs).arguments
+        sdfg, mapping = bound.get("sdfg"), bound.get("symbol_mapping") or {}
+        if sdfg is None or not {str(s) for s in (*mapping, *sdfg.free_symbols)} <= set(sdfg.symbols):
+            return original(state, *args, **kwargs)
+        state.defined_symbols = dict  # the one call of it in DaCe's method; its answer is not read here
+        try:
+            return original(state, *args, **kwargs)
+        finally:
+            del state.defined_symbols
+
+    add_nested_sdfg.looked_up_when_read = True
+    SDFGState.add_nested_sdfg = add_nested_sdfg
+
+
+@contextlib.contextmanager
+def cfg_list_rebuilt_once(sdfg: dace.SDFG) -> Iterator[None]:
+    """Within the block, a rebuild of the control-flow region list of ``sdfg``'s tree (``reset_cfg_list``, which DaCe's
+    InlineSDFG calls after each inline) keeps the list as it was; it is rebuilt once when the block ends. Every
+    region keeps its place in the list meanwhile, and a region inlined stays listed until the end.
+
+    gap: each rebuild walks every control-flow region of the whole tree: a walk per nested SDFG inlined (7.5 of
+    auto_optimize's 142 s on a 12-layer BERT's backward, 1,044 inlines)."""
+    root = sdfg
+    while root.parent_sdfg is not None:
+        root = root.parent_sdfg
+    root.reset_cfg_list = lambda: root._cfg_list  # every region's rebuild is its tree's root's (parents delegate)
+    try:
+        yield
+    finally:
+        del root.reset_cfg_list
+        root.reset_cfg_list()
 
 
 def replace_simplify_pass(old: type, new: type) -> None:

@@ -39,3 +39,5 @@ dace_internals.replace_debug_info()
 dace_internals.replace_has_cycles()
 # and code generation finds a state's sink nodes and a node's index without walking the state each time
 dace_internals.replace_state_queries()
+# and a nested SDFG is added without a walk of its parent's arrays where nothing it maps lacks a type
+dace_internals.replace_nested_sdfg_symbols()
