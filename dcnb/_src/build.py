@@ -233,7 +233,7 @@ def _wide_vectors() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
-def _flags(args: str, device: str) -> dict[str, str]:
+def _flags(sdfg: dace.SDFG, args: str, device: str) -> dict[str, str]:
     # the architecture only in CUDA builds' keys: CPU builds keep theirs, and the binaries cached under them
     arch = {"cuda.arch": _cuda_arch()} if device == "cuda" else {}
     return {
@@ -245,7 +245,7 @@ def _flags(args: str, device: str) -> dict[str, str]:
         "cuda.streams": str(Config.get("compiler", "cuda", "max_concurrent_streams")),
         "build_type": Config.get("compiler", "build_type"),
         "blas": blas.key(),  # which BLAS the matrix products call (fixes.linalg)
-        "convolutions": torch_kernels.key(),  # whether convolutions call PyTorch's (fixes.conv)
+        "convolutions": torch_kernels.key(sdfg),  # whether convolutions call PyTorch's (fixes.conv)
     }
 
 
@@ -263,7 +263,7 @@ def _prepare(sdfg: dace.SDFG, device: str) -> tuple[dace.SDFG, str, str]:
     sdfg = copy.deepcopy(sdfg)
     passes.run(passes.BUILD[device], sdfg)
     args = _own_args(sdfg, device)
-    key = cache.key(sdfg, device, _flags(args, device))
+    key = cache.key(sdfg, device, _flags(sdfg, args, device))
     base = re.sub(r"_[0-9a-f]{16}$", "", sdfg.name)
     sdfg.name = f"{base}_{key[:16]}"
     sdfg.build_folder = str(_folder(key, sdfg))

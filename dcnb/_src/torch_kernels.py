@@ -5,7 +5,8 @@ at full size both lose to the kernels eager calls (ResNet-50, training, 2x3x224x
 eager's 241). As the BLAS route reaches PyTorch's MKL (blas.py), this one reaches its convolutions: a small C++
 library (``torch_kernels.cpp``) wraps the generated code's pointers as tensors (``at::from_blob``, no copy) and calls
 ``at::convolution`` and ``at::convolution_backward``, which choose the kernel as eager does. It is built once per
-PyTorch and source (about 6 s) into the build cache and linked by path.
+PyTorch and source (about 6 s) into the build cache, by the first build whose SDFG has a convolution, and
+linked by path.
 
 ``DCNB_CONV=loops`` keeps dcnb's own code (im2col and the BLAS, loops for groups); unset, PyTorch's kernels are used
 where the library builds here.
@@ -57,9 +58,27 @@ def _digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def key() -> str:
-    """What the build cache keys on: whether PyTorch's kernels are linked, and which."""
+def key(sdfg: dace.SDFG) -> str:
+    """What the build cache keys on: which library of PyTorch's kernels ``sdfg`` may call, if any: from code
+    already expanded, or from a library node one of whose expansions calls it. The library is not built for an SDFG
+    that can call none (a transformer's first build on a machine waited 6-16 s for it)."""
+    if not any(_may_call(node) for node, _ in sdfg.all_nodes_recursive()):
+        return "none"
     return f"torch:{_digest()}" if library() is not None else "loops"
+
+
+#: library nodes that expand into a node that may call the library (an ONNX Conv into a Convolution): named where
+#: they are expanded (fixes/conv.py)
+EXPANDING_TO_CALLERS: list[type[dace.nodes.LibraryNode]] = []
+
+
+def _may_call(node: dace.nodes.Node) -> bool:
+    if TorchKernels.full_class_path() in (getattr(node, "environments", None) or ()):
+        return True
+    if isinstance(node, tuple(EXPANDING_TO_CALLERS)):
+        return True
+    expansions = getattr(type(node), "implementations", {}) if isinstance(node, dace.nodes.LibraryNode) else {}
+    return any(TorchKernels in getattr(e, "environments", ()) for e in expansions.values())
 
 
 @functools.cache

@@ -76,3 +76,13 @@ def test_dcnb_conv_names_its_choices(monkeypatch):
     monkeypatch.setenv("DCNB_CONV", "onednn")
     with pytest.raises(ValueError, match="DCNB_CONV must be one of torch, loops"):
         torch_kernels.wanted()
+
+
+def test_a_model_without_convolutions_is_built_without_the_bridge(fresh_cache):
+    # its build waited for the bridge (6-16 s, a transformer's first step on a machine) that none of its code calls
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+    session = dcnb.optimize(module, torch.randn(2, 8, requires_grad=True), baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    assert not (fresh_cache / "torch_kernels").exists()
+    assert _session(training=True).current.ok and (fresh_cache / "torch_kernels").is_dir()

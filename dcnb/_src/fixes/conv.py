@@ -44,7 +44,7 @@ from .library_nodes import (
     pointer_tasklet,
     shape,
 )
-from .registry import CHOOSE, choice, default_backward, on_cpu, on_gpu_host, pure_expansion
+from .registry import CHOOSE, choice, default_backward, on_cpu, on_gpu_host, op_versions, pure_expansion
 
 
 def _window(node, x: dt.Data, w: dt.Data) -> tuple[list[int], list[int], list[int]]:
@@ -367,6 +367,10 @@ class ConvExpansion(ONNXForward):
         x, w = in_desc_with_name(node, state, sdfg, "X"), in_desc_with_name(node, state, sdfg, "W")
         names = [n for n in ("X", "W", "B") if n in node.in_connectors]
         return Convolution(node.label, inputs=set(names), outputs={"Y"}, **_windowed(node, x, w))
+
+
+# what an SDFG holding an ONNX Conv may call once expanded: the build's key then names the bridge's library
+torch_kernels.EXPANDING_TO_CALLERS.extend(op_versions("Conv"))
 
 
 def _conv_loops_sdfg(conv, state, sdfg) -> dace.SDFG:
