@@ -6,6 +6,7 @@ DaCe's public API (SDFG, nodes, transformations, the ONNX and autodiff registrie
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import sys
@@ -164,6 +165,46 @@ def replace_state_queries() -> None:
     SDFGState.reverse = reversed_
     SDFGState.sink_nodes = sink_nodes
     SDFGState.node_id = node_id
+
+
+def replace_sdfg_symbols() -> None:
+    """Work out the symbols of an SDFG's arrays (``SDFGState.sdfg_symbols``: its own symbols, then each array's free
+    symbols) with each array's kept while its shape, strides, offset and total size are the objects they were: DaCe
+    sets them whole (the property setters, ``set_shape``), never in place. The same symbols, in the same order;
+    arrays of other kinds (structures, references' sets) are asked each time, as DaCe asks them.
+
+    gap: DaCe works the arrays' symbols out again for every symbol lookup it makes (a fresh ``SymbolResolver`` per
+    nested SDFG added, per memlet scope propagated): 4,752 walks of over 1,100 arrays, 10.6 of auto_optimize's 142 s
+    on a 12-layer BERT's backward."""
+    if getattr(SDFGState.sdfg_symbols, "kept", False):
+        return
+
+    def sdfg_symbols(state: SDFGState) -> dict:
+        sdfg = state.sdfg
+        symbols = collections.OrderedDict(sdfg.symbols)
+        for desc in sdfg.arrays.values():
+            for symbol in _array_symbols(desc):
+                symbols.setdefault(symbol.name, symbol.dtype)
+        return symbols
+
+    sdfg_symbols.kept = True
+    SDFGState.sdfg_symbols = sdfg_symbols
+
+
+#: the array kinds whose free symbols are those of their shape, strides, offset and total size (``Array.used_symbols``)
+_SHAPED = (dace.data.Array.used_symbols, dace.data.Data.used_symbols)
+
+
+def _array_symbols(desc: dace.data.Data) -> set:
+    if type(desc).used_symbols not in _SHAPED:
+        return desc.free_symbols
+    parts = tuple(getattr(desc, name, None) for name in ("shape", "strides", "offset", "total_size"))
+    kept = desc.__dict__.get("_dcnb_symbols")
+    if kept is not None and all(a is b for a, b in zip(kept[0], parts)):
+        return kept[1]
+    found = desc.free_symbols
+    desc.__dict__["_dcnb_symbols"] = (parts, found)  # the parts held, so that no other object takes their ids
+    return found
 
 
 def replace_nested_sdfg_symbols() -> None:

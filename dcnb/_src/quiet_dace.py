@@ -41,3 +41,5 @@ dace_internals.replace_has_cycles()
 dace_internals.replace_state_queries()
 # and a nested SDFG is added without a walk of its parent's arrays where nothing it maps lacks a type
 dace_internals.replace_nested_sdfg_symbols()
+# and the symbols of an SDFG's arrays are worked out again only for the arrays whose shape changed
+dace_internals.replace_sdfg_symbols()
