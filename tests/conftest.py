@@ -1,3 +1,4 @@
+import inspect
 import os
 import pathlib
 import shutil
@@ -27,10 +28,15 @@ CHROMIUM_FLAGS = [
 @pytest.fixture
 def calls(monkeypatch):
     """``calls(owner, name, *also)``: ``owner.name`` (and the same function where modules in ``also`` imported it)
-    replaced by a wrapper that counts its calls, for the test; returns the list the calls are counted into."""
+    replaced by a wrapper that counts its calls, for the test; returns the list the calls are counted into. A
+    property of a class is counted per read."""
 
     def count(owner, name: str, *also) -> list:
-        counted, original = [], getattr(owner, name)
+        counted, original = [], inspect.getattr_static(owner, name)
+        if isinstance(original, property):
+            monkeypatch.setattr(owner, name, property(lambda obj: counted.append(1) or original.fget(obj)))
+            return counted
+        original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
             counted.append(1)
@@ -41,6 +47,23 @@ def calls(monkeypatch):
         return counted
 
     return count
+
+
+@pytest.fixture
+def scope_walks(monkeypatch):
+    """The states whose scope dictionary was worked out from scratch (DaCe's walk from their source nodes), once each
+    time."""
+    from dace.sdfg import scope
+
+    walks, original = [], scope._scope_dict_inner
+
+    def counted(graph, queue, current, *args):
+        if current is None:
+            walks.append(graph)
+        return original(graph, queue, current, *args)
+
+    monkeypatch.setattr(scope, "_scope_dict_inner", counted)
+    return walks
 
 
 @pytest.fixture

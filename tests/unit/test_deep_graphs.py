@@ -8,7 +8,7 @@ import dace
 import networkx
 import pytest
 import torch
-from dace.sdfg import nodes, scope
+from dace.sdfg import nodes
 from dace.sdfg.graph import Graph, NodeNotFoundError, OrderedDiGraph
 from dace.transformation import helpers
 from dace.transformation.onnx.optimize import expand_onnx_nodes
@@ -20,21 +20,6 @@ from dcnb._src import dace_internals, frontend
 from dcnb._src.fixes import registry
 from dcnb._src.passes import after_autodiff, broadcast_sums, lifetimes, on_import, simplify
 from dcnb._src.passes.top_level import add_top_level_map
-
-
-@pytest.fixture
-def scope_walks(monkeypatch):
-    """The states whose scope dictionary was worked out from scratch (DaCe's walk from their source nodes), once each
-    time."""
-    walks, original = [], scope._scope_dict_inner
-
-    def counted(graph, queue, current, *args):
-        if current is None:
-            walks.append(graph)
-        return original(graph, queue, current, *args)
-
-    monkeypatch.setattr(scope, "_scope_dict_inner", counted)
-    return walks
 
 
 def _biases(count: int) -> dace.SDFG:
@@ -393,18 +378,12 @@ def _assigned(value: str | None) -> dace.SDFG:
     return sdfg
 
 
-def test_symbol_propagation_skips_an_sdfg_that_assigns_no_symbol_and_propagates_where_one_is(monkeypatch):
+def test_symbol_propagation_skips_an_sdfg_that_assigns_no_symbol_and_propagates_where_one_is(calls):
     # DaCe's SymbolPropagation works out the whole SDFG's free symbols before and after, to check itself, where it
     # can propagate nothing (40 of fuse_rows' 290 s, profiled, on a 12-layer BERT's backward)
     replaced = [type(p) for p in SimplifyPass().passes if isinstance(p, SymbolPropagation)]
     assert replaced and replaced[0] is not SymbolPropagation
-    walks, original = [], dace.SDFG.free_symbols
-
-    def counted(sdfg):
-        walks.append(sdfg)
-        return original.fget(sdfg)
-
-    monkeypatch.setattr(dace.SDFG, "free_symbols", property(counted))
+    walks = calls(dace.SDFG, "free_symbols")
     unassigned = _assigned(None)
     assert replaced[0]().apply_pass(unassigned, {}) is None and walks == []
     assert SymbolPropagation().apply_pass(_assigned(None), {}) is None and walks  # DaCe's walks it
@@ -497,7 +476,7 @@ def test_a_library_node_is_placed_without_the_state_s_scopes_where_no_gpu_scope_
     assert scopes
 
 
-def test_an_sdfg_s_array_symbols_are_worked_out_again_only_for_an_array_whose_shape_changed(monkeypatch):
+def test_an_sdfg_s_array_symbols_are_worked_out_again_only_for_an_array_whose_shape_changed(calls):
     # gap: DaCe worked out every array's symbols for every symbol lookup, a walk of all the SDFG's arrays each (10.6
     # of auto_optimize's 142 s on a 12-layer BERT's backward)
     sdfg = dace.SDFG("symbols")
@@ -507,13 +486,7 @@ def test_an_sdfg_s_array_symbols_are_worked_out_again_only_for_an_array_whose_sh
     sdfg.add_scalar("c", dace.float64)
     state = sdfg.add_state()
     assert state.sdfg_symbols() == {"n": dace.int32}
-    walks, original = [], dace.data.Array.free_symbols
-
-    def counted(desc):
-        walks.append(desc)
-        return original.fget(desc)
-
-    monkeypatch.setattr(dace.data.Array, "free_symbols", property(counted))
+    walks = calls(dace.data.Array, "free_symbols")
     assert state.sdfg_symbols() == {"n": dace.int32} and not walks
     sdfg.arrays["b"].set_shape([dace.symbol("k", dace.int16)])
     assert state.sdfg_symbols() == {"n": dace.int32, "k": dace.int16} and len(walks) == 1
