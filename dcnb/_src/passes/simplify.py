@@ -36,17 +36,22 @@ def inline_single_states(sdfg: dace.SDFG) -> int:
     gap: DaCe's simplify inlines with InlineMultistateSDFG first, even a nested SDFG of one state, and that splits
     the state around it in three (``isolate_nested_sdfg``: a walk of the whole state) for StateFusion to merge again:
     a 12-layer BERT's 312 expanded ONNX ops took 29.5 s to simplify under load 2, 13.9 s inlined here first (the same
-    1,469 nodes in one state). The list of the tree's control-flow regions is rebuilt once, after them all."""
-    inlined = 0
+    1,469 nodes in one state). The list of the tree's control-flow regions is rebuilt once, after them all, and each
+    state's scopes are worked out once for the checks (``dace_internals.scopes_known``), not after each inline."""
+    inlined, scopes = 0, {}
     with dace_internals.cfg_list_rebuilt_once(sdfg):
         for node in reversed([n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nodes.NestedSDFG)]):
             state = node.sdfg.parent
+            # an inline moves no other node of its state from its scope: the scopes found once serve every inline
+            if node not in scopes.get(state, ()):
+                scopes[state] = state.scope_dict()
             inliner = InlineSDFG()
             match = {InlineSDFG.nested_sdfg: node}
             inliner.setup_match(state.sdfg, state.parent_graph.cfg_id, state.block_id, match, 0, override=True)
-            if inliner.can_be_applied(state, 0, state.sdfg):
-                inliner.apply(state, state.sdfg)
-                inlined += 1
+            with dace_internals.scopes_known(state, scopes[state]):
+                if inliner.can_be_applied(state, 0, state.sdfg):
+                    inliner.apply(state, state.sdfg)
+                    inlined += 1
     return inlined
 
 
