@@ -330,10 +330,10 @@ def replace_expansion_scopes() -> None:
 @contextlib.contextmanager
 def scopes_known(state: SDFGState, scopes: dict) -> Iterator[None]:
     """Within the block, ``state.entry_node`` and DaCe's readers of the state's kept scopes
-    (``_scope_dict_toparent_cached``: the symbols defined at a node) read ``scopes``, a scope dictionary of the state made before changes that moved
-    none of its nodes from its scope (inlines of nested SDFGs). A node added since, and a copy (``scope_dict()``,
-    which a caller may walk whole), get the state's scopes worked out again. DaCe's own kept scopes are back after
-    the block, unless the state changed within it.
+    (``_scope_dict_toparent_cached``: the symbols defined at a node) read ``scopes``, a scope dictionary of the
+    state made before changes that moved none of its nodes from its scope (inlines of nested SDFGs). A node added
+    since, and a copy (``scope_dict()``, which a caller may walk whole), get the state's scopes worked out again.
+    DaCe's own kept scopes are back after the block, unless the state changed within it.
 
     gap: every change to a state discards its scopes, and a question about one node's scope works them all out
     again: a walk of the whole state per nested SDFG InlineSDFG checks and inlines after inlining the one before."""
