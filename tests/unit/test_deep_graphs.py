@@ -497,6 +497,28 @@ def test_an_sdfg_s_array_symbols_are_worked_out_again_only_for_an_array_whose_sh
     assert state.sdfg_symbols() == {"n": dace.int32, "s": dace.int64, "k": dace.int16} and len(walks) == 2
 
 
+def test_an_sdfg_s_kept_array_symbols_are_checked_without_reading_the_arrays_properties(monkeypatch):
+    # DaCe's properties are Python descriptors: reading an array's four parts through them to check the kept symbols
+    # took 4 of the 7 s that 4,752 walks of 1,100 arrays took in auto_optimize on a 12-layer BERT's backward
+    sdfg = dace.SDFG("symbols")
+    sdfg.add_symbol("n", dace.int32)
+    for name in "abcd":
+        sdfg.add_array(name, ["n", 4], dace.float32)
+    state = sdfg.add_state()
+    assert state.sdfg_symbols() == {"n": dace.int32}
+    reads, original = [], dace.properties.Property.__get__
+
+    def counted(prop, obj, objtype=None):
+        if isinstance(obj, dace.data.Data):
+            reads.append(prop.attr_name)
+        return original(prop, obj, objtype)
+
+    monkeypatch.setattr(dace.properties.Property, "__get__", counted)
+    assert state.sdfg_symbols() == {"n": dace.int32} and not reads
+    sdfg.arrays["c"].set_shape([dace.symbol("k", dace.int16)])
+    assert state.sdfg_symbols() == {"n": dace.int32, "k": dace.int16}
+
+
 def test_a_nested_sdfg_added_two_levels_down_is_listed_without_comparing_regions(monkeypatch):
     # gap: DaCe's update_cfg_list scans the tree's region list for each region it adds; two levels down the list it
     # adds is the root's own, every region compared with those before it (6.1 of the 49 s that generating a 12-layer
