@@ -3,7 +3,9 @@
 # over 10 minutes on an H100 with every model). Each part prints its figures as JSON lines, gathered in
 # $GPU_OUT/benchmarks.jsonl (out/gpu by default) beside each part's log. GPU_MODELS="resnet vit ..." times those
 # models only (default: all of benchmarks/models.py's), GPU_ZOO=0 leaves out the zoo on CUDA, GPU_TIMED="models ..."
-# times those parts only (of mish, mish_no_graphs, models, norms, mish_python): a shorter run.
+# times those parts only (of mish, mish_no_graphs, models_full, models, norms, mish_python): a shorter run.
+# GPU_FULL="gpt2_block bert_layer" (the default) names the models also built and timed at their full sizes
+# (benchmarks/models.py --size full: batch 8, 8x128x768 for a layer), against eager and torch.compile; "" none.
 #
 # A GPU machine that reaches no package index gets DaCe and what its image lacks from .whl/ (`make gpu-wheels`
 # fills it where pip reaches one), installed beside its own Python's packages, never over them.
@@ -14,6 +16,7 @@ OUT_DIR=${GPU_OUT:-out/gpu}
 JOBS=${GPU_JOBS:-$(nproc)}
 read -ra MODELS <<<"${GPU_MODELS:-}"
 ONLY=(${MODELS[@]:+--only "${MODELS[@]}"})
+read -ra FULL <<<"${GPU_FULL-gpt2_block bert_layer}"
 mkdir -p "$OUT_DIR"
 : >"$OUT_DIR/benchmarks.jsonl"
 
@@ -75,14 +78,19 @@ export DCNB_NATIVE_CUDA=1
 tests tests_path $((JOBS / 3)) -k "not zoo" &
 [ "${GPU_ZOO:-1}" = 0 ] || tests tests_zoo $((JOBS / 2)) -k zoo &
 GPU_TIMED= part models_build "$PY" benchmarks/models.py --device cuda --warm $((JOBS / 2)) --build-only "${ONLY[@]}" &
+[ ${#FULL[@]} = 0 ] || GPU_TIMED= part models_full_build "$PY" benchmarks/models.py --device cuda --size full \
+    --warm ${#FULL[@]} --build-only --only "${FULL[@]}" &
 wait
 # then what is timed, one at a time on a quiet machine, what has run least first: Mish 8x32x224x224
 # forward+backward through the C++ path with CUDA graphs and without them, each one interleaved run against eager,
-# torch.compile and torch.jit, then the models' naive and best steps against eager (a model's process ended after
-# 120 s), the norms, and Mish from Python
+# torch.compile and torch.jit, then the models of GPU_FULL at their full sizes, their naive and best steps against
+# eager and torch.compile (a model's process ended after 150 s), the models' at the test sizes against eager (120 s),
+# the norms, and Mish from Python
 MISH=(benchmarks/mish.py --device cuda --json --jit --budget 10 --recipe map_fusion,tasklet_fusion,simplify_algebra)
 part mish "$PY" "${MISH[@]}"
 part mish_no_graphs env DCNB_CUDA_GRAPHS=0 "$PY" "${MISH[@]}"
+[ ${#FULL[@]} = 0 ] || part models_full "$PY" benchmarks/models.py --device cuda --size full --json --budget 1 \
+    --timeout 150 --only "${FULL[@]}"
 part models "$PY" benchmarks/models.py --device cuda --json --budget 1 --baselines torch --timeout 120 "${ONLY[@]}"
 part norms "$PY" benchmarks/norms.py --device cuda --json --budget 5
 part mish_python env DCNB_NATIVE=0 "$PY" "${MISH[@]}"
