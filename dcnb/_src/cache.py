@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 import dace
 
-from . import fixes, gpu_libs
+from . import dace_internals, fixes, gpu_libs
 from .errors import CacheError
 from .version import VERSION
 
@@ -63,10 +63,11 @@ def _constants_digest(sdfg: dace.SDFG) -> str:
 def _fixes_digest() -> str:
     """The expansions dcnb registers with DaCe decide the code of library nodes at code generation, after the SDFG
     was hashed: a change to them must not reuse a binary built with the old ones (nor to the cuBLAS and cuDNN
-    declarations their CUDA expansions include)."""
+    declarations their CUDA expansions include, nor to DaCe's internals replaced, which decide the CUDA code's
+    streams and host waits)."""
     digest = hashlib.sha256()
     sources = sorted(pathlib.Path(fixes.__file__).parent.glob("*.py"))  # every family and its helpers
-    for source in [*sources, gpu_libs.HEADER, pathlib.Path(gpu_libs.__file__)]:
+    for source in [*sources, gpu_libs.HEADER, pathlib.Path(gpu_libs.__file__), pathlib.Path(dace_internals.__file__)]:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -351,6 +351,56 @@ def replace_expansion_scopes() -> None:
     dealias.integrate_nested_sdfg = integrate_nested_sdfg
 
 
+def replace_nested_sdfg_syncs() -> None:
+    """A nested SDFG integrated into a state that ends without a host wait (``nosync``, which the CUDA build's
+    ``no_state_syncs`` sets on every state) ends none of its own states with one either.
+
+    gap: library nodes expand at code generation, after the build marked every state, into nested SDFGs whose states
+    DaCe's CUDA code generator ends with a stream synchronization: a BERT-base layer's Reduce and transpose
+    expansions waited on the host 32 times per call (forward and backward), where the host would have launched the
+    next kernels, and a call that waits cannot be captured into a CUDA graph."""
+    from dace.sdfg import dealias
+
+    original = dealias.integrate_nested_sdfg
+    if getattr(original, "syncs_inherited", False):
+        return
+
+    def integrate_nested_sdfg(sdfg: dace.SDFG, *args, **kwargs):
+        if getattr(sdfg.parent, "nosync", False):
+            for nested in sdfg.all_sdfgs_recursive():
+                for state in nested.states():
+                    state.nosync = True
+        return original(sdfg, *args, **kwargs)
+
+    integrate_nested_sdfg.syncs_inherited = True
+    dealias.integrate_nested_sdfg = integrate_nested_sdfg
+
+
+def replace_stream_numbers() -> None:
+    """With one concurrent stream (``max_concurrent_streams = 1``, what dcnb's CUDA builds ask for), every node DaCe's
+    CUDA code generator gives a stream gets stream 0.
+
+    gap: its numbering goes on, after a nested SDFG on the host, from the number of streams the nested one needs
+    (1), not from a stream of it: a BERT-base layer's kernels after its transposes launched on ``streams[1]`` of a
+    context that holds one stream, a read past the end of its array, not the stream each call sets."""
+    from dace.codegen.targets.cuda import CUDACodeGen
+
+    original = CUDACodeGen._compute_cudastreams
+    if getattr(original, "one_stream", False):
+        return
+
+    def compute_cudastreams(self, sdfg: dace.SDFG, default_stream: int = 0, default_event: int = 0):
+        found = original(self, sdfg, default_stream, default_event)
+        if sdfg.parent is None and int(dace.Config.get("compiler", "cuda", "max_concurrent_streams")) == 1:
+            for node, _ in sdfg.all_nodes_recursive():
+                if isinstance(getattr(node, "_cuda_stream", None), int):
+                    node._cuda_stream = 0
+        return found
+
+    compute_cudastreams.one_stream = True
+    CUDACodeGen._compute_cudastreams = compute_cudastreams
+
+
 @contextlib.contextmanager
 def scopes_known(state: SDFGState, scopes: dict) -> Iterator[None]:
     """Within the block, ``state.entry_node`` and DaCe's readers of the state's kept scopes

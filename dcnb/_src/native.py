@@ -102,7 +102,7 @@ def cuda_launch(binary: CompiledSDFG) -> tuple[int, bool]:
     """How native.cpp calls a CUDA binary: the address of its ``__dace_gpu_set_all_streams`` where every launch and
     copy goes to the streams it is given (0 where some go to the legacy default stream: DaCe's
     ``max_concurrent_streams = -1``), and whether its calls can be captured into CUDA graphs: not where a call waits
-    for its own work on the host or allocates (``_BLOCKING``), which capture forbids."""
+    for its own work on the host, allocates or copies host memory (``_BLOCKING``), which capture forbids."""
     set_streams = binary.get_exported_function("__dace_gpu_set_all_streams")
     if set_streams is None:
         return 0, False
@@ -117,11 +117,15 @@ def cuda_launch(binary: CompiledSDFG) -> tuple[int, bool]:
     return ctypes.cast(set_streams, ctypes.c_void_p).value, capturable and graphs()
 
 
-# what a call must not do while it is captured: wait on the host, allocate or free, or set or copy memory on the
-# legacy stream. DaCe's nested SDFGs (a Reduce's or a transpose's expansion) end with a stream synchronization, and
-# an accumulator that starts at zero is allocated and zeroed per call: captured, a cuBLAS call beside them failed
-# and left a product's gradient reading freed memory on an H100
-_BLOCKING = re.compile(r"\bcuda(?:\w*Synchronize|Malloc|Free|(?:Memset|Memcpy)(?:2D|3D)?)\(")
+# what a call must not do while it is captured: wait on the host, allocate or free, set or copy memory on the
+# legacy stream, or copy between host and GPU memory (a graph replays a copy from the host's stack, where each call
+# wrote a new value: a constant the forward keeps for the backward). Captured with a stream synchronization (which
+# DaCe's Reduce and transpose expansions ended with before 2026-11-28) and a per-call allocation, a cuBLAS call
+# beside them failed and left a product's gradient reading freed memory on an H100
+_BLOCKING = re.compile(
+    r"\bcuda(?:\w*Synchronize|Malloc|Free|(?:Memset|Memcpy)(?:2D|3D)?)\("
+    r"|\bcudaMemcpy\w*Async\([^;]*cudaMemcpy(?:HostToDevice|DeviceToHost)"
+)
 
 
 def _without_functions(code: str, prefixes: tuple[str, ...]) -> str:

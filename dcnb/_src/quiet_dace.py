@@ -47,3 +47,7 @@ dace_internals.replace_sdfg_symbols()
 dace_internals.replace_cfg_list_update()
 # and a state's scopes are kept across a library node's expansion into a nested SDFG, which moves no other node
 dace_internals.replace_expansion_scopes()
+# and a library node expanded in a state that ends without a host wait expands into states that end without one
+dace_internals.replace_nested_sdfg_syncs()
+# and, with one stream asked for, every kernel and copy of a CUDA build goes to stream 0
+dace_internals.replace_stream_numbers()

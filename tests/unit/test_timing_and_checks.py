@@ -188,3 +188,27 @@ def test_cache_key_depends_on_content_device_and_flags():
     assert base != cache.key(sdfg, "cpu", {"cpu.args": "-O2"})
     sdfg.add_array("B", [4], dace.float32)
     assert base != cache.key(sdfg, "cpu", {"cpu.args": "-O3"})
+
+
+def test_cache_key_depends_on_the_dace_internals_dcnb_replaces(monkeypatch):
+    # they decide generated code after the SDFG is hashed (a CUDA build's streams and host waits): a change to them
+    # reused binaries built without it
+    import pathlib
+
+    import dace
+
+    from dcnb._src import dace_internals
+
+    sdfg = dace.SDFG("a")
+    sdfg.add_array("A", [4], dace.float32)
+    cache._fixes_digest.cache_clear()
+    base = cache.key(sdfg, "cuda", {})
+    replaced = pathlib.Path(dace_internals.__file__)
+    read = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda p: read(p) + b"#" if p == replaced else read(p))
+    cache._fixes_digest.cache_clear()
+    try:
+        assert cache.key(sdfg, "cuda", {}) != base
+    finally:
+        monkeypatch.undo()
+        cache._fixes_digest.cache_clear()
