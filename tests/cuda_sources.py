@@ -25,3 +25,11 @@ def cuda_sources(session: dcnb.Session, arch: str = "90", sdfgs: list | None = N
         read = lambda folder: "".join(f.read_text() for f in sorted((src / folder).glob("*.c*")))
         sources.append((read("cpu"), read("cuda")))
     return sources
+
+
+def for_cuda(session: dcnb.Session) -> list:
+    """The SDFGs the current step's CUDA build builds: its own, or the recipe made again for a GPU where an action of
+    it makes something for the device it runs for (auto_optimize)."""
+    state = session._states[-1]
+    sides = session._for_cuda(state.pre, state.sdfgs, state.applied)
+    return sides() if callable(sides) else sides

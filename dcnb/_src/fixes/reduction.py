@@ -445,7 +445,7 @@ default_backward("CumSum")
 
 
 def _reduce_implementation(node, state, sdfg) -> str:
-    return reduce_node.implementation(node, state) if on_cpu(node, state, sdfg) else "pure"
+    return reduce_node.implementation(node, state) if on_cpu(node, state, sdfg) else reduce_node.on_gpu(node, state)
 
 
 @dace.library.expansion

@@ -35,6 +35,7 @@ from dace.transformation.subgraph import CompositeFusion, SubgraphFusion
 from dace.transformation.subgraph import helpers as subgraph_helpers
 
 from .. import dace_internals
+from . import cuda_build
 from .before_autodiff import whole_arrays_for_ops
 from .simplify import simplify
 
@@ -273,6 +274,7 @@ def _simplify_and_parallelize(sdfg: dace.SDFG, device: dace.DeviceType, library:
     simplify(sdfg)
     repeated_in_each_state(sdfg, MapCollapse)
     if device == dace.DeviceType.GPU:
+        cuda_build.arguments_in_gpu_memory(sdfg)
         sdfg.apply_gpu_transformations(simplify=False)
         simplify(sdfg)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import dace
 from dace import data as dt
 from dace.frontend.operations import detect_reduction_type
@@ -12,13 +14,16 @@ from dace.sdfg.scope import is_devicelevel_gpu
 from dace.sdfg.utils import get_view_edge
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
+from ..fixes import reduce_node
 from .simplify import simplify
 
 
 def to_gpu(sdfg: dace.SDFG) -> int:
     """Place arguments in GPU memory and turn every outermost host map and library node into GPU code; returns the
-    nodes moved (none where the gpu step moved them already)."""
-    if on_gpu(sdfg):
+    nodes moved. None where the gpu step moved them already; after auto_optimize for a GPU, which placed the
+    arguments and ran DaCe's GPU transformation, what it left on the host (autodiff's accumulating copies, maps it
+    made sequential) is moved as before."""
+    if on_gpu(sdfg) and not _left_on_host(sdfg):
         return 0
     moved = len(host_nodes(sdfg))
     # ONNX nodes expanded first, so that their maps become kernels with the rest: expanded inside a GPU schedule,
@@ -27,14 +32,35 @@ def to_gpu(sdfg: dace.SDFG) -> int:
     expand_onnx_nodes(sdfg)
     simplify(sdfg)
     accumulating_copies_to_maps(sdfg)
-    for desc in sdfg.arrays.values():
-        if not desc.transient and not isinstance(desc, dt.Scalar):
-            desc.storage = dace.StorageType.GPU_Global
+    arguments_in_gpu_memory(sdfg)
     sdfg.apply_gpu_transformations(simplify=False)
     simplify(sdfg)
     gpu_scalars_as_arrays(sdfg)
     const_pointer_reads(sdfg)
     return moved
+
+
+def _left_on_host(sdfg: dace.SDFG) -> bool:
+    """Whether an outermost map or library node of ``sdfg`` runs on the host, outside GPU code, or a copy adds into
+    an array (which DaCe's CUDA code generator has none of)."""
+    if next(_accumulating_copies(sdfg), None) is not None:
+        return True
+    return any(
+        isinstance(n, (nodes.MapEntry, nodes.LibraryNode))
+        and n.schedule not in dace.dtypes.GPU_SCHEDULES
+        and state.entry_node(n) is None
+        and not is_devicelevel_gpu(state.sdfg, state, n)
+        for n, state in sdfg.all_nodes_recursive()
+    )
+
+
+def arguments_in_gpu_memory(sdfg: dace.SDFG) -> None:
+    """Place the SDFG's arguments in GPU memory, where dcnb's calls pass them, before DaCe's GPU transformation: else
+    it gives each a copy of its own there, copied in and out on every call (84 copies per call of a BERT-base layer
+    after auto_optimize, which runs it, on an H200: 278 us of its 2.3 ms of kernels)."""
+    for desc in sdfg.arrays.values():
+        if not desc.transient and not isinstance(desc, dt.Scalar):
+            desc.storage = dace.StorageType.GPU_Global
 
 
 def gpu_scalars_as_arrays(sdfg: dace.SDFG) -> None:
@@ -101,7 +127,8 @@ def _one_element(desc: dt.Scalar, transient: bool) -> dt.Array:
 
 def plannable_reductions(sdfg: dace.SDFG) -> int:
     """A reduction set to DaCe's GPUAuto expansion (auto_optimize's choice on a GPU) that it cannot plan or
-    generate takes the "pure" expansion (a map whose writes reduce); returns how many.
+    generate takes the one a GPU gets without it (``reduce_node.on_gpu``: a loop per output element, or a map whose
+    writes reduce); returns how many.
 
     gap: GPUAuto leaves the reduced axes of length one out and then plans with the first of those left: ConvNet's
     BatchNorm backward after auto_optimize (a variance's gradient summed over its 1x1 broadcast) did not generate
@@ -117,7 +144,7 @@ def plannable_reductions(sdfg: dace.SDFG) -> int:
         left = [a for a in axes if subset.size()[a] != 1]
         is_sum = detect_reduction_type(node.wcr) == dace.dtypes.ReductionType.Sum
         if not left or not is_sum and get_reduction_schedule(state.sdfg.arrays[edge.data.data], left).vectorize:
-            node.implementation = "pure"
+            node.implementation = reduce_node.on_gpu(node, state)
             turned += 1
     return turned
 
@@ -183,6 +210,27 @@ def accumulating_copies_to_maps(sdfg: dace.SDFG) -> int:
     implemented"), and autodiff adds a gradient's contributions with such copies (MLP and attention backward).
     """
     turned = 0
+    for state, edge, src_subset, dst_subset, sizes in _accumulating_copies(sdfg):
+        src, dst = edge.src, edge.dst
+        params = [f"__c{i}" for i in range(len(sizes))]
+        state.add_mapped_tasklet(
+            f"accumulate_{dst.data}",
+            {p: f"0:{s}" for p, s in zip(params, sizes)} or {"__c": "0:1"},
+            {"__in": dace.Memlet(f"{src.data}[{_moved_index(src_subset, params)}]")},
+            "__out = __in",
+            {"__out": dace.Memlet(f"{dst.data}[{_moved_index(dst_subset, params)}]", wcr=edge.data.wcr)},
+            external_edges=True,
+            input_nodes={src.data: src},
+            output_nodes={dst.data: dst},
+        )
+        state.remove_edge(edge)
+        turned += 1
+    return turned
+
+
+def _accumulating_copies(sdfg: dace.SDFG) -> Iterator[tuple]:
+    """(state, edge, source subset, destination subset, the sizes they share) of each copy outside maps that adds
+    into an array, its source and destination of the same elements."""
     for state in (s for g in sdfg.all_sdfgs_recursive() for s in g.states()):
         for edge in list(state.edges()):
             src, dst, memlet = edge.src, edge.dst, edge.data
@@ -201,20 +249,7 @@ def accumulating_copies_to_maps(sdfg: dace.SDFG) -> int:
             sizes = [s for s in dst_subset.size() if s != 1]
             if [s for s in src_subset.size() if s != 1] != sizes:
                 continue  # a reshaping copy: left to DaCe
-            params = [f"__c{i}" for i in range(len(sizes))]
-            state.add_mapped_tasklet(
-                f"accumulate_{dst.data}",
-                {p: f"0:{s}" for p, s in zip(params, sizes)} or {"__c": "0:1"},
-                {"__in": dace.Memlet(f"{src.data}[{_moved_index(src_subset, params)}]")},
-                "__out = __in",
-                {"__out": dace.Memlet(f"{dst.data}[{_moved_index(dst_subset, params)}]", wcr=memlet.wcr)},
-                external_edges=True,
-                input_nodes={src.data: src},
-                output_nodes={dst.data: dst},
-            )
-            state.remove_edge(edge)
-            turned += 1
-    return turned
+            yield state, edge, src_subset, dst_subset, sizes
 
 
 def _moved_index(subset: dace.subsets.Range, params: list[str]) -> str:
