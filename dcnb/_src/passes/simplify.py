@@ -149,6 +149,35 @@ class _ComposableWriteSlice(redundant_array.RedundantWriteSlice):
 array_elimination.RedundantWriteSlice = _ComposableWriteSlice  # what simplify's ArrayElimination instantiates
 
 
+class _ComposableReadSlice(redundant_array.RedundantReadSlice):
+    """DaCe's RedundantReadSlice where the reads it would redirect compose with the slice."""
+
+    # gap: the same for the reads of a slice: RedundantReadSlice failed composing a read of one element per row
+    # ("Dimension mismatch in composition") halfway through changing them (a 2-layer BERT encoder from token ids,
+    # in training mode, placed in GPU memory); such a slice now stays
+    def can_be_applied(self, graph, expr_index, sdfg, permissive=False) -> bool:
+        if not super().can_be_applied(graph, expr_index, sdfg, permissive):
+            return False
+        in_desc, out_desc = sdfg.arrays[self.in_array.data], sdfg.arrays[self.out_array.data]
+        copy_edge = graph.edges_between(self.in_array, self.out_array)[0]
+        viewed = copy_edge.data.get_dst_subset(copy_edge, graph)
+        sliced = redundant_array._sliced_dims(in_desc, out_desc)
+        kept = [i for i in range(len(in_desc.shape) - 1, -1, -1) if i not in sliced]
+        source, popped = redundant_array.pop_dims(copy_edge.data.get_src_subset(copy_edge, graph), kept)
+        try:  # what apply does to each read, on copies of their subsets
+            for read in graph.out_edges(self.out_array):
+                for edge in graph.memlet_tree(read):
+                    read_subset, _ = redundant_array._validate_subsets(edge, sdfg.arrays, src_name=self.out_array.data)
+                    read_subset.offset(viewed, negative=True)
+                    redundant_array.compose_and_push_back(source, read_subset, kept, popped)
+        except (ValueError, NotImplementedError):
+            return False
+        return True
+
+
+array_elimination.RedundantReadSlice = _ComposableReadSlice
+
+
 class _LibraryOperandsKeepShape(redundant_array.RedundantArray):
     """DaCe's RedundantArray, but a view a library node writes stays where it is shaped unlike what it views."""
 
