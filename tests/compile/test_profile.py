@@ -64,7 +64,7 @@ def test_the_maps_of_a_larger_mish_take_their_share_of_the_call():
     # five elementwise maps forward, four backward (an accumulator one map fills is written, not zeroed first:
     # passes/gradient_writes.py; softplus's sum passes its gradient on as it is: after_autodiff.shared_gradients)
     assert len(kernels) == 9
-    assert kernels[0]["ms"] > 0.01  # 64k elements: tens of microseconds at the least
+    assert kernels[0]["ms"] > 0  # timed (64k elements took 10 us on a fast machine: how fast is a benchmark's)
     # timed inside the call: together less than it (what is left is the call's own overhead)
     assert 0 < sum(k["share"] for k in kernels) <= 1
     names = {op["name"] for op in found["torch"]}
