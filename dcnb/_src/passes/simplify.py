@@ -120,61 +120,52 @@ def keep_write_conflicts(sdfg: dace.SDFG) -> int:
     return mended
 
 
-class _ComposableWriteSlice(redundant_array.RedundantWriteSlice):
-    """DaCe's RedundantWriteSlice where the writes it would redirect compose with the slice."""
+class _ComposingSlice:
+    """A slice's removal (DaCe's RedundantReadSlice, RedundantWriteSlice) only where each subset of the view it would
+    redirect to the array composes with the slice: composed as the removal does, on copies, before any edge changes."""
 
+    #: the view is written and copied into the array (else copied out of it and read)
+    writes = False
+
+    def can_be_applied(self, graph, expr_index, sdfg, permissive=False) -> bool:
+        if not super().can_be_applied(graph, expr_index, sdfg, permissive):
+            return False
+        view, array = (self.in_array, self.out_array) if self.writes else (self.out_array, self.in_array)
+        copy = graph.edges_between(self.in_array, self.out_array)[0]
+        array_part, view_part = copy.data.get_src_subset(copy, graph), copy.data.get_dst_subset(copy, graph)
+        if self.writes:
+            array_part, view_part = view_part, array_part
+        array_desc, view_desc = sdfg.arrays[array.data], sdfg.arrays[view.data]
+        sliced = redundant_array._sliced_dims(array_desc, view_desc)
+        kept = [i for i in range(len(array_desc.shape) - 1, -1, -1) if i not in sliced]
+        base, popped = redundant_array.pop_dims(array_part, kept)
+        named = {"dst_name": view.data} if self.writes else {"src_name": view.data}
+        try:
+            for edge in graph.in_edges(view) if self.writes else graph.out_edges(view):
+                for part in graph.memlet_tree(edge):
+                    subset = redundant_array._validate_subsets(part, sdfg.arrays, **named)[int(self.writes)]
+                    subset.offset(view_part, negative=True)
+                    redundant_array.compose_and_push_back(base, subset, kept, popped)
+        except (ValueError, NotImplementedError):
+            return False
+        return True
+
+
+class _ComposableWriteSlice(_ComposingSlice, redundant_array.RedundantWriteSlice):
     # gap: RedundantWriteSlice tells a slice's axes by their strides, which repeat where an axis has size 1, and then
     # fails composing the writes halfway through changing them (an elementwise result copied into x[:, :, None]:
     # rotary embeddings before multi-query attention's repeat_kv); such a copy now stays
-    def can_be_applied(self, graph, expr_index, sdfg, permissive=False) -> bool:
-        if not super().can_be_applied(graph, expr_index, sdfg, permissive):
-            return False
-        in_desc, out_desc = sdfg.arrays[self.in_array.data], sdfg.arrays[self.out_array.data]
-        copy_edge = graph.edges_between(self.in_array, self.out_array)[0]
-        viewed = copy_edge.data.get_src_subset(copy_edge, graph)
-        sliced = redundant_array._sliced_dims(out_desc, in_desc)
-        kept = [i for i in range(len(out_desc.shape) - 1, -1, -1) if i not in sliced]
-        target, popped = redundant_array.pop_dims(copy_edge.data.get_dst_subset(copy_edge, graph), kept)
-        try:  # what apply does to each write, on copies of their subsets
-            for write in graph.in_edges(self.in_array):
-                for edge in graph.memlet_tree(write):
-                    _, written = redundant_array._validate_subsets(edge, sdfg.arrays, dst_name=self.in_array.data)
-                    written.offset(viewed, negative=True)
-                    redundant_array.compose_and_push_back(target, written, kept, popped)
-        except (ValueError, NotImplementedError):
-            return False
-        return True
+    writes = True
 
 
-array_elimination.RedundantWriteSlice = _ComposableWriteSlice  # what simplify's ArrayElimination instantiates
+class _ComposableReadSlice(_ComposingSlice, redundant_array.RedundantReadSlice):
+    # gap: RedundantReadSlice failed the same way composing a read of one element per row ("Dimension mismatch in
+    # composition": a 2-layer BERT encoder from token ids, in training mode, placed in GPU memory); such a slice stays
+    writes = False
 
 
-class _ComposableReadSlice(redundant_array.RedundantReadSlice):
-    """DaCe's RedundantReadSlice where the reads it would redirect compose with the slice."""
-
-    # gap: the same for the reads of a slice: RedundantReadSlice failed composing a read of one element per row
-    # ("Dimension mismatch in composition") halfway through changing them (a 2-layer BERT encoder from token ids,
-    # in training mode, placed in GPU memory); such a slice now stays
-    def can_be_applied(self, graph, expr_index, sdfg, permissive=False) -> bool:
-        if not super().can_be_applied(graph, expr_index, sdfg, permissive):
-            return False
-        in_desc, out_desc = sdfg.arrays[self.in_array.data], sdfg.arrays[self.out_array.data]
-        copy_edge = graph.edges_between(self.in_array, self.out_array)[0]
-        viewed = copy_edge.data.get_dst_subset(copy_edge, graph)
-        sliced = redundant_array._sliced_dims(in_desc, out_desc)
-        kept = [i for i in range(len(in_desc.shape) - 1, -1, -1) if i not in sliced]
-        source, popped = redundant_array.pop_dims(copy_edge.data.get_src_subset(copy_edge, graph), kept)
-        try:  # what apply does to each read, on copies of their subsets
-            for read in graph.out_edges(self.out_array):
-                for edge in graph.memlet_tree(read):
-                    read_subset, _ = redundant_array._validate_subsets(edge, sdfg.arrays, src_name=self.out_array.data)
-                    read_subset.offset(viewed, negative=True)
-                    redundant_array.compose_and_push_back(source, read_subset, kept, popped)
-        except (ValueError, NotImplementedError):
-            return False
-        return True
-
-
+# what simplify's ArrayElimination instantiates
+array_elimination.RedundantWriteSlice = _ComposableWriteSlice
 array_elimination.RedundantReadSlice = _ComposableReadSlice
 
 
