@@ -89,7 +89,8 @@ def calls() -> bool:
 
 def calls_cuda() -> bool:
     """Whether CUDA binaries are called from C++ too (``DCNB_NATIVE_CUDA=1``): off by default, since that path has
-    been compiled but not yet run on a GPU (``make gpu`` runs it; benchmarks/NOTES.md, GPU)."""
+    run on a GPU only in ``make gpu``'s sessions (an H100, an H200: benchmarks/NOTES.md, GPU), not yet across the
+    model catalog."""
     return calls() and os.environ.get("DCNB_NATIVE_CUDA", "0") == "1"
 
 
