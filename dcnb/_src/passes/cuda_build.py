@@ -45,13 +45,7 @@ def _left_on_host(sdfg: dace.SDFG) -> bool:
     an array (which DaCe's CUDA code generator has none of)."""
     if next(_accumulating_copies(sdfg), None) is not None:
         return True
-    return any(
-        isinstance(n, (nodes.MapEntry, nodes.LibraryNode))
-        and n.schedule not in dace.dtypes.GPU_SCHEDULES
-        and state.entry_node(n) is None
-        and not is_devicelevel_gpu(state.sdfg, state, n)
-        for n, state in sdfg.all_nodes_recursive()
-    )
+    return any(not is_devicelevel_gpu(state.sdfg, state, n) for n, state in _outermost_without_gpu_schedule(sdfg))
 
 
 def arguments_in_gpu_memory(sdfg: dace.SDFG) -> None:
@@ -185,13 +179,19 @@ def no_state_syncs(sdfg: dace.SDFG) -> None:
 
 def host_nodes(sdfg: dace.SDFG) -> list[nodes.MapEntry | nodes.LibraryNode]:
     """Outermost maps and library nodes (softmax, matmul, ...) that would run on the host."""
-    return [
-        n
-        for n, state in sdfg.all_nodes_recursive()
-        if isinstance(n, (nodes.MapEntry, nodes.LibraryNode))
-        and state.entry_node(n) is None
-        and n.schedule not in dace.dtypes.GPU_SCHEDULES
-    ]
+    return [n for n, _ in _outermost_without_gpu_schedule(sdfg)]
+
+
+def _outermost_without_gpu_schedule(sdfg: dace.SDFG) -> Iterator[tuple[nodes.Node, dace.SDFGState]]:
+    """(node, state) of each map and library node outermost in its state and of no GPU schedule (one in a nested
+    SDFG may still be inside a kernel around that SDFG)."""
+    for n, state in sdfg.all_nodes_recursive():
+        if (
+            isinstance(n, (nodes.MapEntry, nodes.LibraryNode))
+            and state.entry_node(n) is None
+            and n.schedule not in dace.dtypes.GPU_SCHEDULES
+        ):
+            yield n, state
 
 
 def on_gpu(sdfg: dace.SDFG) -> bool:
