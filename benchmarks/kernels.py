@@ -43,19 +43,15 @@ def _call(fn, inputs: tuple, kwargs: dict[str, Any]):
     return call
 
 
-def _synchronized(device: str):
-    import torch
-
-    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-
 def profile(call, device: str, calls: int, rounds: int, top: int) -> dict[str, Any]:
     """``call``'s median wall time over ``rounds``, then its kernels (operators on the CPU) over ``calls``."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
 
-    sync = _synchronized(device)
+    from dcnb._src.timing import synchronizer
+
+    sync = synchronizer(device) or (lambda: None)
     for _ in range(3):
         call()
     sync()
@@ -107,12 +103,12 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     row = {"model": name, "size": args.size, "device": device, "training": args.training, "load": _load()}
     label = "+".join(args.recipe) or "naive"
     rows = []
+    on_device = tuple(x.to(device) for x in inputs)
+    keywords = {k: v.to(device) if hasattr(v, "to") else v for k, v in kwargs.items()}
     for side, fn in ((label, session.module), ("eager", module)):
-        on_device = [x.to(device) for x in inputs]
-        keywords = {k: v.to(device) if hasattr(v, "to") else v for k, v in kwargs.items()}
         fn.to(device)
         fn.train(args.training)
-        found = profile(_call(fn, tuple(on_device), keywords), device, args.calls, args.rounds, args.top)
+        found = profile(_call(fn, on_device, keywords), device, args.calls, args.rounds, args.top)
         rows.append(row | {"side": side} | found)
     return rows
 
