@@ -8,7 +8,8 @@ differentiates a product into Einsums). Those expand to plain loops unless a nod
 - ``torch``: the BLAS PyTorch's CPU library calls itself (MKL in the x86-64 wheels), through the Fortran
   ``sgemm_``/``dgemm_`` that ``libtorch_cpu`` exports (``blas_torch.h`` puts DaCe's cblas calls on them). Nothing
   to install, the kernels eager runs, and the same threads: MKL there runs on PyTorch's OpenMP runtime, as many
-  threads as ``torch.get_num_threads()``;
+  threads as ``torch.get_num_threads()``. A batched product (attention's) is one call of its ``sgemm_batch_``,
+  which spreads the batch over the threads as eager's bmm does, where DaCe's expansion loops over single GEMMs;
 - ``openblas``: Debian's OpenBLAS built with OpenMP (``libopenblas-openmp-dev``, which ``scripts/setup.sh``
   installs). It reads ``omp_get_max_threads()`` on every call, which ``torch.set_num_threads`` sets, so it too
   runs as many threads as PyTorch, on the same OpenMP runtime. Debian's default build (pthreads) keeps threads of
@@ -49,6 +50,8 @@ class Blas:
     library: pathlib.Path
     includes: tuple[pathlib.Path, ...]
     version: str
+    #: whether it multiplies a strided batch of matrices in one call (MKL's ``sgemm_batch_``, ``blas_torch.h``)
+    batched: bool = False
 
 
 @functools.cache
@@ -61,7 +64,8 @@ def _torch() -> Blas | None:
         return None
     if not all(hasattr(exported, name) for name in ("sgemm_", "dgemm_")):
         return None
-    return Blas("torch", library, (HEADER.parent,), torch.__version__)
+    batched = all(hasattr(exported, name) for name in ("sgemm_batch_", "dgemm_batch_"))
+    return Blas("torch", library, (HEADER.parent,), torch.__version__, batched)
 
 
 @functools.cache
@@ -108,7 +112,7 @@ def _missing(name: str) -> str:
 def key() -> str:
     """What the build cache keys on: the BLAS chosen, its library and version, and the code that links it."""
     blas = chosen()
-    return "none" if blas is None else f"{blas.name}:{blas.library}:{blas.version}:{_code_digest()}"
+    return "none" if blas is None else f"{blas.name}:{blas.library}:{blas.version}:{blas.batched}:{_code_digest()}"
 
 
 @functools.cache

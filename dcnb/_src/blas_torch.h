@@ -1,8 +1,10 @@
 // cblas_sgemm and cblas_dgemm over the Fortran sgemm_ and dgemm_ that PyTorch's CPU library exports (the MKL it
-// calls itself on x86-64): what DaCe's BLAS expansions call, where no cblas.h is installed (dcnb/_src/blas.py).
+// calls itself on x86-64): what DaCe's BLAS expansions call, where no cblas.h is installed (dcnb/_src/blas.py);
+// and a strided batch of products over MKL's sgemm_batch_ and dgemm_batch_, where the library exports them.
 #pragma once
 
 #include <utility>
+#include <vector>
 
 enum CBLAS_ORDER { CblasRowMajor = 101, CblasColMajor = 102 };
 enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112, CblasConjTrans = 113 };
@@ -14,6 +16,15 @@ void sgemm_(const char *transa, const char *transb, const int *m, const int *n, 
 void dgemm_(const char *transa, const char *transb, const int *m, const int *n, const int *k, const double *alpha,
             const double *a, const int *lda, const double *b, const int *ldb, const double *beta, double *c,
             const int *ldc);
+// declared weak: a PyTorch whose BLAS is not MKL exports no batched GEMM (blas.py then never calls these)
+__attribute__((weak)) void sgemm_batch_(const char *transa, const char *transb, const int *m, const int *n,
+                                        const int *k, const float *alpha, const float **a, const int *lda,
+                                        const float **b, const int *ldb, const float *beta, float **c,
+                                        const int *ldc, const int *group_count, const int *group_size);
+__attribute__((weak)) void dgemm_batch_(const char *transa, const char *transb, const int *m, const int *n,
+                                        const int *k, const double *alpha, const double **a, const int *lda,
+                                        const double **b, const int *ldb, const double *beta, double **c,
+                                        const int *ldc, const int *group_count, const int *group_size);
 }
 
 namespace dcnb_blas {
@@ -32,6 +43,26 @@ inline void gemm(Gemm fortran, CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRAN
     fortran(&opa, &opb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
 }
 
+// ``batch`` column-major products C_i = op(A_i) op(B_i) (alpha, beta), A_i at a + i * stride_a (a stride of 0:
+// one matrix for all), in one call: MKL spreads the batch over its threads, as eager's bmm has it do, where a loop
+// of GEMMs runs each small product on all threads in turn
+template <typename T, typename Batch>
+inline void gemm_batched(Batch fortran, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, T alpha,
+                         const T *a, int lda, long stride_a, const T *b, int ldb, long stride_b, T beta, T *c,
+                         int ldc, long stride_c, int batch) {
+    char opa = ta == CblasNoTrans ? 'N' : 'T', opb = tb == CblasNoTrans ? 'N' : 'T';
+    std::vector<const T *> as(batch), bs(batch);
+    std::vector<T *> cs(batch);
+    for (int i = 0; i < batch; ++i) {
+        as[i] = a + i * stride_a;
+        bs[i] = b + i * stride_b;
+        cs[i] = c + i * stride_c;
+    }
+    const int groups = 1;
+    fortran(&opa, &opb, &m, &n, &k, &alpha, as.data(), &lda, bs.data(), &ldb, &beta, cs.data(), &ldc, &groups,
+            &batch);
+}
+
 }  // namespace dcnb_blas
 
 inline void cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
@@ -42,4 +73,18 @@ inline void cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE t
 inline void cblas_dgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
                         const double *a, int lda, const double *b, int ldb, double beta, double *c, int ldc) {
     dcnb_blas::gemm(dgemm_, order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+inline void dcnb_gemm_batched(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a,
+                              int lda, long stride_a, const float *b, int ldb, long stride_b, float beta, float *c,
+                              int ldc, long stride_c, int batch) {
+    dcnb_blas::gemm_batched(sgemm_batch_, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                            stride_c, batch);
+}
+
+inline void dcnb_gemm_batched(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
+                              const double *a, int lda, long stride_a, const double *b, int ldb, long stride_b,
+                              double beta, double *c, int ldc, long stride_c, int batch) {
+    dcnb_blas::gemm_batched(dgemm_batch_, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                            stride_c, batch);
 }
