@@ -15,6 +15,7 @@ from dace.sdfg import nodes
 from . import passes
 from .errors import StepError, describe
 from .frontend import Imported
+from .passes import after_autodiff
 from .names import readable, readable_text
 
 
@@ -75,12 +76,13 @@ def differentiate(pre: dace.SDFG, imported: Imported, wrt: list[str]) -> Program
         raise StepError("DaCe's autodiff failed on an internal assertion") from e
     except Exception as e:  # an SDFG it made and found invalid, say
         raise StepError(f"DaCe's autodiff failed: {describe(e)}") from e
+    forwarded = after_autodiff.constants_passed_again(forward, backward, list(forwarded), imported.constants)
     passes.run(passes.AFTER_AUTODIFF, forward, "forward")
     passes.run(passes.AFTER_AUTODIFF, backward, "backward")
     return Program(
         forward=forward,
         backward=backward,
-        forwarded=list(forwarded),
+        forwarded=forwarded,
         input_grads=dict(result.required_grad_names),
         output_grads=dict(result.given_grad_names),
     )

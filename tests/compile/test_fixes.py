@@ -823,3 +823,22 @@ def test_a_linear_layers_weight_is_read_in_place_not_transposed():
         assert not [n for n, _ in sdfg.all_nodes_recursive() if "Transpose" in type(n).__name__]
     einsums = [n.equation for n, _ in session.pre_autodiff_sdfg.all_nodes_recursive() if hasattr(n, "equation")]
     assert sorted(einsums) == ["aik,jk->aij", "aik,jk->aij"]
+
+
+class _ScaledGelu(nn.Module):
+    def forward(self, x):
+        return x * 0.5 * (1.0 + torch.erf(x / 1.4142135))
+
+
+def test_the_backward_takes_the_scalar_constants_it_reads_as_the_forward_does():
+    # gap (after_autodiff.constants_passed_again): autodiff forwarded GELU's 0.5 and sqrt(2) through one-element
+    # arrays the forward copied them into and the backward copied them out of (on a GPU: a copy each way, a wait)
+    torch.manual_seed(0)
+    session = dcnb.optimize(_ScaledGelu(), torch.randn(2, 5, 4), baselines=(), time_budget=0.01)
+    assert session.current.ok and session.current.check.ok
+    program = session._states[-1].sdfgs
+    scalars = [n for n in program.forwarded if isinstance(program.backward.arrays[n], dace.data.Scalar)]
+    assert len(scalars) >= 2 and not any(program.backward.arrays[n].transient for n in scalars)
+    assert not [n for n in program.forwarded if n.endswith("_array")]
+    for sdfg in (program.forward, program.backward):
+        assert not [n for n, d in sdfg.arrays.items() if n.endswith("_array") and d.shape == (1,)]

@@ -55,10 +55,19 @@ def test_cuda_builds_launch_on_the_stream_they_are_given_and_can_be_captured():
 
 
 def test_a_cuda_build_that_waits_or_copies_host_memory_in_a_call_is_not_captured():
-    # GELU written out: its forward copies the constants it keeps for the backward from the host, and its backward
-    # reads them back on the host, with a stream synchronization. Such a binary is called as it is, never captured
+    # the sum the forward keeps for the backward (a scalar, which autodiff forwards in a one-element array) is read
+    # back on the host in the backward, with a stream synchronization: that binary is called as it is, never captured
+    session = dcnb.optimize(_OverItsSum(), torch.randn(2, 5, 4), baselines=(), time_budget=0.0)
+    (_, forward), (streams, backward) = _cuda_launches(session)
+    assert forward and streams != 0 and not backward
+
+
+def test_the_constants_a_gelu_keeps_for_its_backward_leave_both_cuda_builds_captured():
+    # GELU written out: the forward copied its constants (0.5, 1, sqrt(2)) from the host into arrays kept for the
+    # backward, which read them back on the host with a stream synchronization; neither binary was captured. The
+    # backward now takes them as the forward does (after_autodiff.constants_passed_again)
     session = dcnb.optimize(_ErfGelu(), torch.randn(2, 5, 4), baselines=(), time_budget=0.0)
-    assert all(set_streams != 0 and not capturable for set_streams, capturable in _cuda_launches(session))
+    assert all(set_streams != 0 and capturable for set_streams, capturable in _cuda_launches(session))
 
 
 def test_a_batched_product_s_cuda_build_is_captured():
@@ -66,6 +75,11 @@ def test_a_batched_product_s_cuda_build_is_captured():
     # call: neither now
     session = dcnb.optimize(_Batched(), torch.randn(2, 5, 4), baselines=(), time_budget=0.0)
     assert all(set_streams != 0 and capturable for set_streams, capturable in _cuda_launches(session))
+
+
+class _OverItsSum(torch.nn.Module):
+    def forward(self, x):
+        return x / x.sum()
 
 
 class _ErfGelu(torch.nn.Module):

@@ -6,6 +6,7 @@ import ast
 import collections
 import math
 import re
+from collections.abc import Iterable
 
 import dace
 import networkx as nx
@@ -466,3 +467,69 @@ def _drop_output(state: dace.SDFGState, write) -> None:
     tasklet.code = CodeBlock("\n".join(ast.unparse(s) for s in kept) or "pass", dace.Language.Python)
     if not tasklet.out_connectors:
         _remove_scope(state, state.entry_node(tasklet))
+
+
+def constants_passed_again(
+    forward: dace.SDFG, backward: dace.SDFG, forwarded: list[str], constants: Iterable[str]
+) -> list[str]:
+    """Give the backward each scalar constant of the model it reads as the forward gets it, an argument, where
+    autodiff had the forward store it; returns ``forwarded`` with the constants named in place of their arrays.
+
+    gap: DaCe's autodiff forwards a scalar through a one-element array (autodiff/torch.py): the forward copies it
+    in, the backward copies it out. For a constant of the model (GELU's 0.5 and sqrt(2), the attention's scale),
+    which dcnb passes to both binaries anyway (``module._constants``), that is a copy each way per call; on a GPU
+    a copy from the host in the forward, and one to the host and a wait for it before the backward's kernels, which
+    keeps both binaries out of CUDA graphs (``native._BLOCKING``).
+    """
+    constants = set(constants)
+    result = []
+    for name in forwarded:
+        kept = _scalar_kept(forward, backward, name, constants)
+        if kept is None:
+            result.append(name)
+            continue
+        scalar, copies = kept
+        for sdfg, state in copies:
+            for node in list(state.data_nodes()):
+                state.remove_node(node)
+            sdfg.remove_data(name)
+            _drop_empty_state(state)
+        backward.arrays[scalar].transient = False
+        result.append(scalar)
+    return result
+
+
+def _scalar_kept(
+    forward: dace.SDFG, backward: dace.SDFG, name: str, constants: set[str]
+) -> tuple[str, list[tuple[dace.SDFG, dace.SDFGState]]] | None:
+    """Where ``name`` is the one-element array autodiff keeps a scalar constant in: the constant, and the state of
+    each side holding nothing but its copy (the forward's from the constant, the backward's into its scalar)."""
+    copies = []
+    scalar = None
+    for sdfg, reads in ((backward, True), (forward, False)):
+        states = [s for s in sdfg.states() if any(n.data == name for n in s.data_nodes())]
+        if len(states) != 1 or len(states[0].nodes()) != 2 or states[0].number_of_edges() != 1:
+            return None
+        (edge,) = states[0].edges()
+        array, other = (edge.src, edge.dst) if reads else (edge.dst, edge.src)
+        if not isinstance(other, nodes.AccessNode) or array.data != name or scalar not in (None, other.data):
+            return None
+        scalar = other.data
+        copies.append((sdfg, states[0]))
+    described = forward.arrays.get(scalar)
+    if scalar not in constants or not isinstance(described, dace.data.Scalar) or described.transient:
+        return None
+    if not isinstance(backward.arrays.get(scalar), dace.data.Scalar):
+        return None
+    return scalar, copies
+
+
+def _drop_empty_state(state: dace.SDFGState) -> None:
+    """Take an empty state out of the chain of states it is in (unconditional edges, no assignments)."""
+    graph = state.parent_graph
+    ins, outs = graph.in_edges(state), graph.out_edges(state)
+    if len(ins) > 1 or len(outs) > 1 or any(not e.data.is_unconditional() or e.data.assignments for e in ins + outs):
+        return
+    if ins and outs:
+        graph.add_edge(ins[0].src, outs[0].dst, dace.InterstateEdge())
+    graph.remove_node(state)
