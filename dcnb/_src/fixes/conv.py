@@ -486,7 +486,8 @@ def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
 
 def _torch_applies(conv, state, sdfg) -> bool:
     """Whether PyTorch's convolution computes what the loops do, on the CPU: what any library takes
-    (``_library_operands``), an array and its gradient alike, not depthwise, not 1x1, and the bridge built here."""
+    (``_library_operands``), an array and its gradient alike, not depthwise, 1x1 only where ``for_pointwise``, and
+    the bridge built here."""
     operands = _library_operands(conv, state, sdfg) if on_cpu(conv, state, sdfg) else None
     if operands is None:
         return False
@@ -495,10 +496,9 @@ def _torch_applies(conv, state, sdfg) -> bool:
         return False
     if conv.group > 1 and int(x[0].shape[1]) == conv.group:
         return False  # depthwise: dcnb's loops on all threads took 0.55-1.2x eager's time, PyTorch's 1.36x
-    if conv.group == 1 and all(int(k) == 1 for k in w[0].shape[2:]):
-        # a 1x1 convolution is a matrix product, which dcnb's BLAS call computes in place; PyTorch's results are
-        # copied out of ATen: forward+backward on seven of ResNet-50's and EfficientNet-B0's 1x1 shapes, the
-        # product took 0.49-1.22x eager's time (0.82x in geometric mean), PyTorch's kernels 0.78-1.84x (1.11x)
+    if conv.group == 1 and all(int(k) == 1 for k in w[0].shape[2:]) and not torch_kernels.for_pointwise():
+        # a 1x1 convolution is a matrix product, which dcnb's BLAS call computes; where ATen has no AVX-512
+        # kernels that was the faster (torch_kernels.for_pointwise)
         return False
     return torch_kernels.library() is not None
 
