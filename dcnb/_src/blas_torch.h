@@ -16,15 +16,14 @@ void sgemm_(const char *transa, const char *transb, const int *m, const int *n, 
 void dgemm_(const char *transa, const char *transb, const int *m, const int *n, const int *k, const double *alpha,
             const double *a, const int *lda, const double *b, const int *ldb, const double *beta, double *c,
             const int *ldc);
-// declared weak: a PyTorch whose BLAS is not MKL exports no batched GEMM (blas.py then never calls these)
-__attribute__((weak)) void sgemm_batch_(const char *transa, const char *transb, const int *m, const int *n,
-                                        const int *k, const float *alpha, const float **a, const int *lda,
-                                        const float **b, const int *ldb, const float *beta, float **c,
-                                        const int *ldc, const int *group_count, const int *group_size);
-__attribute__((weak)) void dgemm_batch_(const char *transa, const char *transb, const int *m, const int *n,
-                                        const int *k, const double *alpha, const double **a, const int *lda,
-                                        const double **b, const int *ldb, const double *beta, double **c,
-                                        const int *ldc, const int *group_count, const int *group_size);
+// only called where PyTorch's BLAS exports them (blas.py); a strong reference, so that the linker keeps the library
+// (with --as-needed it drops one that only weak references name: the call then jumped to address 0)
+void sgemm_batch_(const char *transa, const char *transb, const int *m, const int *n, const int *k, const float *alpha,
+                  const float **a, const int *lda, const float **b, const int *ldb, const float *beta, float **c,
+                  const int *ldc, const int *group_count, const int *group_size);
+void dgemm_batch_(const char *transa, const char *transb, const int *m, const int *n, const int *k, const double *alpha,
+                  const double **a, const int *lda, const double **b, const int *ldb, const double *beta, double **c,
+                  const int *ldc, const int *group_count, const int *group_size);
 }
 
 namespace dcnb_blas {
