@@ -18,6 +18,7 @@ from torch import nn
 import dcnb
 from dcnb._src.fixes import reduce_node
 from dcnb._src.passes import cuda_build
+from tests.compile.test_gradient_writes import _Gelu
 from tests.cpu_sources import cpu_source
 from tests.models import TinyMLP
 from tests.zoo import CASES
@@ -826,16 +827,11 @@ def test_a_linear_layers_weight_is_read_in_place_not_transposed():
     assert sorted(einsums) == ["aik,jk->aij", "aik,jk->aij"]
 
 
-class _ScaledGelu(nn.Module):
-    def forward(self, x):
-        return x * 0.5 * (1.0 + torch.erf(x / 1.4142135))
-
-
 def test_the_backward_takes_the_scalar_constants_it_reads_as_the_forward_does():
     # gap (after_autodiff.constants_passed_again): autodiff forwarded GELU's 0.5 and sqrt(2) through one-element
     # arrays the forward copied them into and the backward copied them out of (on a GPU: a copy each way, a wait)
     torch.manual_seed(0)
-    session = dcnb.optimize(_ScaledGelu(), torch.randn(2, 5, 4), baselines=(), time_budget=0.01)
+    session = dcnb.optimize(_Gelu(), torch.randn(2, 5, 4), baselines=(), time_budget=0.01)
     assert session.current.ok and session.current.check.ok
     program = session._states[-1].sdfgs
     scalars = [n for n in program.forwarded if isinstance(program.backward.arrays[n], dace.data.Scalar)]
