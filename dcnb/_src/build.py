@@ -230,7 +230,7 @@ def _sums_in_loops(sdfg: dace.SDFG) -> bool:
 
 def _wide_vectors() -> bool:
     """Whether to vectorize with 512-bit registers: where ATen's own CPU dispatch picks its AVX-512 kernels."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return torch_kernels.avx512()
 
 
 def _flags(sdfg: dace.SDFG, args: str, device: str) -> dict[str, str]:

@@ -50,13 +50,18 @@ def library() -> pathlib.Path | None:
     return _built(cache.root().absolute(), _digest())
 
 
+def avx512() -> bool:
+    """Whether ATen's CPU dispatch picks its AVX-512 kernels on this machine."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 def for_pointwise() -> bool:
     """Whether 1x1 convolutions call PyTorch's kernels too: where ATen dispatches to its AVX-512 kernels. Elsewhere
     they are BLAS products (fixes/conv.py). Measured, forward+backward in training mode: on an AVX-512 machine
     PyTorch's took ResNet-50 (8x3x224x224) to 1.015x eager's time and at 2x3x224x224 to 1.04x, where the products
     and the copies into and out of their layout took 1.37x and 1.31x; on an AVX2 machine the products were the
     faster, 0.82x against 1.11x in geometric mean over seven 1x1 shapes of ResNet-50 and EfficientNet-B0 (batch 2)."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return avx512()
 
 
 @functools.cache
