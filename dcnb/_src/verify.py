@@ -222,7 +222,9 @@ def _as_exact(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor) -> boo
     network a pre-activation within float32's error of a ReLU's kink takes one side in one summation order and the
     other in another, and the gradients it reaches differ in a few elements by far more than rounding (a full-size
     ResNet-50 in training mode: PyTorch's float32 gradient 0.13 from float64's at its farthest, dcnb's 0.26 at
-    another element, both 1.0-1.1x as far in root mean square)."""
+    another element, both 1.0-1.1x as far in root mean square). In a small tensor one such element moves the root
+    mean square too: there (of 100 elements or more), all but one element in a thousand (at least one) within the
+    first bound match."""
     if exact.shape != want.shape:
         return False
     exact = exact.to(torch.float64)
@@ -234,9 +236,16 @@ def _as_exact(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor) -> boo
     # a gradient that is zero but for rounding (a bias before a training BatchNorm: LeViT's, where PyTorch's float32
     # is 5e-5 from a float64 value of 1e-13) is noise in any summation order; the ratio of two noises spreads wider
     noise = float(exact.abs().max()) <= theirs_max
-    if ours_max <= (4 if noise else 2) * theirs_max:
+    bound = (4 if noise else 2) * theirs_max
+    if ours_max <= bound:
         return True
-    return float(ours.square().mean().sqrt()) <= 2 * float(theirs.square().mean().sqrt())
+    if float(ours.square().mean().sqrt()) <= 2 * float(theirs.square().mean().sqrt()):
+        return True
+    # a kink flipped in a small tensor (a training MobileNetV2's last BatchNorm bias at batch 8, 960 channels: one
+    # pre-activation 1.8e-6 from ReLU6's kink moves one channel's gradient by 0.058, where PyTorch's float32 is at
+    # most 0.006 from float64) is past both bounds above; all but a few elements are still as near as PyTorch's
+    few = max(1, ours.numel() // 1000)
+    return ours.numel() >= 100 and float(ours.abs().flatten().kthvalue(ours.numel() - few).values) <= bound
 
 
 def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> tuple[float, float]:
