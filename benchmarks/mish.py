@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--no-hugepages", action="store_true", help="no huge-page advice for fresh buffers")
     args = parser.parse_args()
     if args.no_pool or args.no_hugepages:
-        memory.configure(per_shape=0 if args.no_pool else memory.limits()[1], huge_pages=not args.no_hugepages)
+        memory.configure(budget=0 if args.no_pool else memory.limits()[1], huge_pages=not args.no_hugepages)
 
     steps = [n for n in args.recipe.split(",") if n]
     device = args.device

@@ -5,7 +5,9 @@ it: for a 50 MB output that is 12,000 faults, which cost more than the kernel th
 8 ms for the write itself on our 2-core machine). So, as PyTorch's CUDA caching allocator does for GPU memory:
 
 - large buffers are pooled by shape and dtype, and handed out again once no tensor refers to them (their pages
-  stay mapped: no fault, no clearing);
+  stay mapped: no fault, no clearing), as many of a shape as a call holds at once, up to a quarter of the
+  machine's memory; they are mappings of their own, outside malloc's heap, which the rest of the process keeps
+  to itself (native.cpp says what either cost);
 - a fresh buffer is advised to use 2 MiB pages (madvise MADV_HUGEPAGE, as PyTorch's THP_MEM_ALLOC_ENABLE does)
   before its first write: 512x fewer faults.
 
@@ -32,7 +34,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def limits() -> tuple[int, int]:
-    """(bytes from which tensors are pooled, buffers kept per shape and dtype); (0, 0) without the extension."""
+    """(bytes from which tensors are pooled, bytes the pool keeps at most); (0, 0) without the extension."""
     ext = native.extension()
     return (0, 0) if ext is None else ext.pool_limits()
 
@@ -43,9 +45,9 @@ def pooled() -> list[tuple[int, bool]]:
     return [] if ext is None else ext.pooled()
 
 
-def configure(per_shape: int, huge_pages: bool = True) -> None:
-    """Change the pool and empty it (for measurements): ``per_shape=0`` pools nothing, ``huge_pages=False`` gives
-    fresh buffers no advice."""
+def configure(budget: int, huge_pages: bool = True) -> None:
+    """Change the pool and empty it (for measurements and tests): it keeps at most ``budget`` bytes (0: pools
+    nothing); ``huge_pages=False`` gives fresh buffers no advice."""
     ext = native.extension()
     if ext is not None:
-        ext.configure_pool(per_shape, huge_pages)
+        ext.configure_pool(budget, huge_pages)
