@@ -27,7 +27,8 @@ architecture, its depth where scaled down, the input's shape; ``shapes``: every 
 the steps of ``--searched``, instead of replayed from scratch (a naive step at full size takes minutes); one that is
 one of those steps is not run twice. ``--timeout`` ends a model's process (and its compiles) after that many
 seconds; its row keeps the steps that finished and says which did not. Each row has the date and the load average
-at its start and end.
+at its start and end. Timed processes keep glibc's heap mapped between calls (common.STEADY_HEAP), for eager and
+dcnb alike.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ import sys
 import time
 import warnings
 from typing import Any
+
+from common import steady_heap
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "benchmarks" / "recipes"
@@ -285,7 +288,8 @@ def _spawn(command: list[str], timeout: float | None) -> subprocess.CompletedPro
     """``command`` run to its end, or until ``timeout`` seconds, when its process group (its compiles too) is
     ended; a stopped run's return code is "timeout"."""
     child = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+        env=steady_heap(dict(os.environ)),
     )
     try:
         out, err = child.communicate(timeout=timeout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -28,6 +29,9 @@ ASKED = {
 
 
 def _models_py():
+    # the benchmarks import their shared module (common.py) from their own folder, as a script's does
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.append(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("benchmarks_models", ROOT / "benchmarks" / "models.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
