@@ -51,7 +51,7 @@ def _session(training: bool):
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
-def test_convolutions_call_pytorch_s_kernels_and_depthwise_and_1x1_ones_dcnb_s_code(training):
+def test_convolutions_call_pytorch_s_kernels_and_depthwise_and_1x1_ones_where_measured_faster(training):
     assert torch_kernels.library() is not None, "the bridge to PyTorch's convolutions did not build"
     session = _session(training)
     step = session.current
@@ -60,11 +60,23 @@ def test_convolutions_call_pytorch_s_kernels_and_depthwise_and_1x1_ones_dcnb_s_c
     assert {"grad x", "grad stem.bias", *weights} <= set(step.check.errors)
     code = _sources(session)
     # the stem's and the grouped convolution's forward and backward, and the 1x1 one's where ATen has its AVX-512
-    # kernels (torch_kernels.for_pointwise), else a BLAS product; the depthwise one's stays loops
+    # kernels (torch_kernels.for_pointwise), else a BLAS product; the depthwise one's (3x3, stride 1, 8x8) there
+    # too (torch_kernels.for_depthwise), else loops
     pointwise = torch_kernels.for_pointwise()
-    calls = 3 if pointwise else 2
+    depthwise = torch_kernels.for_depthwise((3, 3), (1, 1), (8, 8))
+    calls = 2 + pointwise + depthwise
     assert code.count("dcnb_torch_conv(") == calls and code.count("dcnb_torch_conv_backward(") == calls
     assert ("cblas_sgemm" in code) != pointwise
+
+
+def test_depthwise_convolutions_call_pytorch_s_kernels_for_the_windows_they_were_measured_faster_in():
+    fast = torch_kernels.avx512()
+    assert torch_kernels.for_depthwise((3, 3), (1, 1), (56, 56)) == fast
+    assert torch_kernels.for_depthwise((7, 7), (1, 1), (14, 14)) == fast
+    assert not torch_kernels.for_depthwise((3, 3), (2, 2), (112, 112))  # strided: the loops, 4x faster
+    assert not torch_kernels.for_depthwise((5, 5), (1, 1), (28, 28))  # 5x5: the loops, 2x
+    assert not torch_kernels.for_depthwise((7, 7), (1, 1), (7, 7))  # a window as wide as the image
+    assert not torch_kernels.for_depthwise((3,), (1,), (64,))  # 1-D: not measured
 
 
 def test_dcnb_conv_loops_keeps_dcnb_s_own_convolutions(monkeypatch):

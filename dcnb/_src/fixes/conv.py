@@ -486,8 +486,8 @@ def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
 
 def _torch_applies(conv, state, sdfg) -> bool:
     """Whether PyTorch's convolution computes what the loops do, on the CPU: what any library takes
-    (``_library_operands``), an array and its gradient alike, not depthwise, 1x1 only where ``for_pointwise``, and
-    the bridge built here."""
+    (``_library_operands``), an array and its gradient alike, depthwise only where ``for_depthwise``, 1x1 only
+    where ``for_pointwise``, and the bridge built here."""
     operands = _library_operands(conv, state, sdfg) if on_cpu(conv, state, sdfg) else None
     if operands is None:
         return False
@@ -495,7 +495,12 @@ def _torch_applies(conv, state, sdfg) -> bool:
     if any(len({(tuple(map(int, d.shape)), tuple(map(int, d.strides))) for d in same}) != 1 for same in (x, w, y)):
         return False
     if conv.group > 1 and int(x[0].shape[1]) == conv.group:
-        return False  # depthwise: dcnb's loops on all threads took 0.55-1.2x eager's time, PyTorch's 1.36x
+        # depthwise: dcnb's loops on all threads took 0.55-1.2x eager's time, PyTorch's 1.36x, but for some windows
+        # where ATen has AVX-512 kernels (torch_kernels.for_depthwise)
+        window, image = tuple(int(k) for k in w[0].shape[2:]), tuple(int(n) for n in x[0].shape[2:])
+        undilated = all(int(d) == 1 for d in conv.dilations)
+        if not (undilated and torch_kernels.for_depthwise(window, tuple(int(s) for s in conv.strides), image)):
+            return False
     if conv.group == 1 and all(int(k) == 1 for k in w[0].shape[2:]) and not torch_kernels.for_pointwise():
         # a 1x1 convolution is a matrix product, which dcnb's BLAS call computes; where ATen has no AVX-512
         # kernels that was the faster (torch_kernels.for_pointwise)
