@@ -72,6 +72,12 @@ void dcnb_torch_conv_backward(int is_double, int64_t rank, const int64_t* x_shap
         auto X = given_or_empty(x, rank + 2, x_shape, x_strides, is_double);
         auto W = given_or_empty(w, rank + 2, w_shape, w_strides, is_double);
         auto DY = wrap(dy, rank + 2, y_shape, y_strides, is_double);
+        if (rank == 2 && groups > 1 && groups == x_shape[1]) {
+            // depthwise: oneDNN's backward over channels-last operands (as eager's ConvNeXt-T hands it its permute's
+            // output) took eager 16.6 ms against 42.6 over contiguous ones (8x96x56x56, 7x7); the copies cost less
+            X = X.contiguous(at::MemoryFormat::ChannelsLast);
+            DY = DY.contiguous(at::MemoryFormat::ChannelsLast);
+        }
         std::vector<int64_t> no_output_padding(rank, 0), bias{w_shape[0]};
         auto [gx, gw, gb] = at::convolution_backward(
             DY, X, W, db ? at::OptionalIntArrayRef(bias) : std::nullopt, at::IntArrayRef(stride, rank),

@@ -65,18 +65,18 @@ def for_pointwise() -> bool:
 
 
 def for_depthwise(window: tuple[int, ...], strides: tuple[int, ...], image: tuple[int, ...]) -> bool:
-    """Whether a depthwise convolution (as many groups as channels) calls PyTorch's kernels: where ATen dispatches
-    to AVX-512, for a square 2-D window of 3 or 7 at stride 1 over an image at least twice as wide. Elsewhere dcnb's
-    loops were the faster. Measured, forward+backward in training mode, batch 8, ConvNeXt-T's and EfficientNet-B0's
-    depthwise shapes on an AVX-512 machine: PyTorch's took 0.35-0.53x the loops' time for 3x3 windows at stride 1,
-    0.76-0.92x for 7x7 ones from 56x56 to 14x14 images; the loops 0.24-0.5x PyTorch's at stride 2 and for 5x5 windows
-    (0.74-1.05x), and 0.84x for 7x7 over a 7x7 image. On AVX2 the loops were measured the faster throughout."""
+    """Whether a depthwise convolution (as many groups as channels) calls PyTorch's kernels, whose backward then
+    takes its operands channels-last (torch_kernels.cpp): where ATen dispatches to AVX-512, for a square 2-D window
+    of 3, 5 or 7 at stride 1 over an image wider than the window. Elsewhere dcnb's loops were the faster. Measured,
+    forward+backward in training mode, batch 8, ConvNeXt-T's and EfficientNet-B0's depthwise shapes on an AVX-512
+    machine (benchmarks/NOTES.md): there PyTorch's took 0.25-0.82x the loops' time, at stride 2 3.7x and 0.85x, and
+    over a 7x7 image with a 7x7 window 3x. On AVX2 the loops were measured the faster throughout."""
     return (
         avx512()
         and len(window) == 2
-        and window[0] == window[1] in (3, 7)
+        and window[0] == window[1] in (3, 5, 7)
         and all(s == 1 for s in strides)
-        and all(side >= 2 * window[0] for side in image)
+        and all(side > window[0] for side in image)
     )
 
 
