@@ -95,14 +95,12 @@ class Pool {
         if (storage.use_count() == 1) return at::empty({0}, options).set_(storage, 0, shape);
       }
     }
-    if (!room_for(nbytes)) {
-      auto tensor = at::empty(shape, options);
-      if (allocator_.huge_pages) advise(tensor.data_ptr(), nbytes);
-      return tensor;
-    }
+    // a mapping of its own either way (advised to use huge pages), kept where the budget has room
     c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, &allocator_, /*resizable=*/true);
-    storages_[key].push_back(storage);
-    held_ += nbytes;
+    if (room_for(nbytes)) {
+      storages_[key].push_back(storage);
+      held_ += nbytes;
+    }
     return at::empty({0}, options).set_(storage, 0, shape);
   }
 
@@ -148,13 +146,6 @@ class Pool {
       entry = kept.empty() ? storages_.erase(entry) : std::next(entry);
     }
     return held_ + nbytes <= budget_;
-  }
-
-  static void advise(void* data, int64_t nbytes) {
-    constexpr uintptr_t huge = 2 << 20;
-    const auto address = reinterpret_cast<uintptr_t>(data);
-    const uintptr_t start = (address + huge - 1) / huge * huge, end = (address + nbytes) / huge * huge;
-    if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);  // advice only
   }
 
   static int64_t quarter_of_memory() {
