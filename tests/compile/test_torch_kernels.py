@@ -79,6 +79,17 @@ def test_depthwise_convolutions_call_pytorch_s_kernels_for_the_windows_they_were
     assert not torch_kernels.for_depthwise((3,), (1,), (64,))  # 1-D: not measured
 
 
+@pytest.mark.skipif(not torch_kernels.for_depthwise((3, 3), (1, 1), (16, 16)), reason="the loops take depthwise ones")
+def test_a_depthwise_backward_that_does_not_read_its_input_takes_a_placeholder_in_its_layout():
+    # a frozen weight: only the input's gradient, which does not read the input; its placeholder is channels-last
+    torch.manual_seed(0)
+    module = nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False).requires_grad_(False)
+    session = dcnb.optimize(module, torch.randn(2, 4, 16, 16, requires_grad=True), baselines=(), time_budget=0.0)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    assert set(session.current.check.errors) == {"output", "grad input"}
+    assert "dcnb_torch_conv_backward(" in _sources(session)
+
+
 def test_dcnb_conv_loops_keeps_dcnb_s_own_convolutions(monkeypatch):
     monkeypatch.setenv("DCNB_CONV", "loops")
     session = _session(training=True)
