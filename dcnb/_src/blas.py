@@ -5,6 +5,13 @@ expansion makes a matrix product a BLAS MatMul node, a Gemm or a BatchedMatMul),
 differentiates a product into Einsums). Those expand to plain loops unless a node names a BLAS implementation;
 ``fixes.linalg`` makes them call the library chosen here:
 
+- ``onednn``: oneDNN's matmul, which PyTorch's CPU library holds (its convolutions' library), for float products
+  of at least about 128x128x128 (``blas_torch.h``), through dcnb's bridge to PyTorch's kernels
+  (``torch_kernels.cpp``, ATen's ``mkldnn_matmul``); ``torch``'s MKL for the rest and for doubles. ATen runs MKL's
+  GEMM for float products, eager and ``torch.compile`` alike, and MKL takes its AVX-512 paths on Intel's CPUs only:
+  on an AVX-512 AMD EPYC oneDNN's took 0.44-0.59x MKL's time from 256x256x256 up, batched products too
+  (benchmarks/NOTES.md, BLAS). The bridge is built by the first expansion of a product (``linked``; where it does
+  not build, MKL's runs);
 - ``torch``: the BLAS PyTorch's CPU library calls itself (MKL in the x86-64 wheels), through the Fortran
   ``sgemm_``/``dgemm_`` that ``libtorch_cpu`` exports (``blas_torch.h`` puts DaCe's cblas calls on them). Nothing
   to install, the kernels eager runs, and the same threads: MKL there runs on PyTorch's OpenMP runtime, as many
@@ -17,8 +24,9 @@ differentiates a product into Einsums). Those expand to plain loops unless a nod
   (benchmarks/NOTES.md, BLAS), so the environment links the OpenMP build by path, whatever ``libblas.so.3`` is;
 - ``none``: DaCe's pure expansions (loops), as before.
 
-``DCNB_BLAS`` names the choice; unset, the first of ``torch`` and ``openblas`` found here is used (measured:
-benchmarks/NOTES.md, BLAS).
+``DCNB_BLAS`` names the choice; unset, ``onednn`` where it is available and measured here at least 1.25 times as
+fast as MKL's GEMM (``onednn_speedup``, once a process), else the first of ``torch`` and ``openblas`` found here
+(measured: benchmarks/NOTES.md, BLAS).
 """
 
 from __future__ import annotations
@@ -30,14 +38,19 @@ import hashlib
 import os
 import pathlib
 import sysconfig
+import time
 
 import dace
 import dace.libraries.blas
 import dace.library
 import torch
 
-CHOICES = ("torch", "openblas", "none")
+CHOICES = ("onednn", "torch", "openblas", "none")
 HEADER = pathlib.Path(__file__).with_name("blas_torch.h")
+ONEDNN_HEADER = pathlib.Path(__file__).with_name("blas_onednn.h")
+#: how many times as fast as MKL's GEMM oneDNN's must be measured here to be chosen unasked: a margin that this
+#: machine's noise does not cross, so that the choice (and the builds it keys) stays the same from run to run
+ONEDNN_MARGIN = 1.25
 #: where DaCe keeps ``dace_blas.h`` (constants its BLAS expansions use for complex types)
 _DACE_BLAS_INCLUDE = pathlib.Path(dace.libraries.blas.__file__).parent / "include"
 
@@ -79,7 +92,19 @@ def _openblas() -> Blas | None:
     return None
 
 
-_FIND = {"torch": _torch, "openblas": _openblas}
+def _onednn() -> Blas | None:
+    """oneDNN's matmul inside PyTorch for float products, MKL's GEMM for the rest: where PyTorch has both. Its calls
+    go through dcnb's bridge to PyTorch's kernels (torch_kernels.py), built by the first expansion of a product
+    (``linked``), not here: a build without products does not wait for it."""
+    mkl = _torch()
+    if mkl is None or not mkl.batched or not torch.backends.mkldnn.is_available():
+        return None
+    from . import torch_kernels  # (which imports this module)
+
+    return dataclasses.replace(mkl, name="onednn", version=f"{mkl.version}:{torch_kernels.digest()}")
+
+
+_FIND = {"onednn": _onednn, "torch": _torch, "openblas": _openblas}
 
 
 def available() -> list[str]:
@@ -100,10 +125,69 @@ def chosen() -> Blas | None:
             raise ValueError(f"DCNB_BLAS={wanted}, but it is not available here: {_missing(wanted)}")
         return found
     found = available()
+    if found[:1] == ["onednn"] and onednn_speedup() < ONEDNN_MARGIN:
+        found.pop(0)
     return _FIND[found[0]]() if found else None
 
 
+def linked() -> Blas | None:
+    """The BLAS a product's expansion links: the one ``chosen``, but MKL's alone where that is oneDNN's and the
+    bridge to it does not build here (building it on first use)."""
+    from . import torch_kernels
+
+    found = chosen()
+    if found is not None and found.name == "onednn" and torch_kernels.bridge() is None:
+        return _torch()
+    return found
+
+
+@functools.cache
+def onednn_speedup() -> float:
+    """How many times as fast as MKL's GEMM oneDNN's multiplies two float 512x512 matrices here (each the best of 7
+    calls through ATen, taken in turns: ``torch.mm`` runs MKL's, the operator ``torch.compile`` fuses linear layers
+    with oneDNN's); 0 where oneDNN's is not available."""
+    if _onednn() is None:
+        return 0.0
+    a, b, c = (torch.rand(512, 512) for _ in range(3))
+    b_t = b.t().contiguous()  # (the operator takes a linear layer's weight: out x in)
+    calls = (lambda: torch.ops.mkldnn._linear_pointwise(a, b_t, None, "none", [], ""), lambda: torch.mm(a, b, out=c))
+    best = [float("inf")] * 2
+    for round_ in range(8):  # the first round sets each one up
+        for i, call in enumerate(calls):
+            start = time.perf_counter()
+            call()
+            best[i] = min(best[i], time.perf_counter() - start) if round_ else best[i]
+    return best[1] / best[0]
+
+
+def onednn_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = a @ b`` for contiguous float matrices, or batches of them, through the bridge generated code calls
+    (``dcnb_torch_sgemm``: column-major, so ``out^T = b^T a^T``)."""
+    from . import torch_kernels
+
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    batch = a.shape[0] if a.dim() == 3 else 1
+    done = bridge_gemm(torch_kernels.bridge())(
+        0, 0, n, m, k, 1.0, b.data_ptr(), n, k * n, a.data_ptr(), k, m * k, 0.0, out.data_ptr(), n, m * n, batch
+    )  # fmt: skip
+    if done != 0:
+        raise RuntimeError("oneDNN's matmul failed (its reason is on stderr)")
+
+
+@functools.cache
+def bridge_gemm(library: pathlib.Path):
+    """``dcnb_torch_sgemm`` of the bridge ``library`` as a ctypes function, with the arguments ``torch_kernels.h``
+    declares."""
+    gemm = ctypes.CDLL(str(library)).dcnb_torch_sgemm
+    int64, pointer = ctypes.c_int64, ctypes.c_void_p
+    gemm.argtypes = [ctypes.c_int, ctypes.c_int, *[int64] * 3, ctypes.c_float, pointer, *[int64] * 2, pointer]
+    gemm.argtypes += [*[int64] * 2, ctypes.c_float, pointer, *[int64] * 3]
+    return gemm
+
+
 def _missing(name: str) -> str:
+    if name == "onednn":
+        return "this PyTorch has no oneDNN or no MKL exporting its GEMMs, or dcnb's bridge to its kernels did not build"
     if name == "torch":
         return "this PyTorch's CPU library does not export sgemm_ and dgemm_"
     return "Debian's OpenMP build of OpenBLAS is not installed (apt-get install libopenblas-openmp-dev)"
@@ -118,7 +202,7 @@ def key() -> str:
 @functools.cache
 def _code_digest() -> str:
     digest = hashlib.sha256()
-    for path in (pathlib.Path(__file__), HEADER):
+    for path in (pathlib.Path(__file__), HEADER, ONEDNN_HEADER):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -172,5 +256,20 @@ class OpenBLAS(_Linked):
     headers = ["cblas.h", "dace_blas.h"]
 
 
+@dace.library.environment
+class OneDNNBLAS(_Linked):
+    """PyTorch's CPU library and dcnb's bridge to its kernels, linked by path; ``blas_onednn.h`` declares the cblas
+    calls over both."""
+
+    blas = "onednn"
+    headers = [ONEDNN_HEADER.name]
+
+    @classmethod
+    def cmake_libraries(cls) -> list[str]:
+        from . import torch_kernels
+
+        return [*super().cmake_libraries(), str(torch_kernels.bridge())]  # (linked() made sure it is built)
+
+
 #: the environment that links each BLAS
-ENVIRONMENTS = {"torch": TorchBLAS, "openblas": OpenBLAS}
+ENVIRONMENTS = {"onednn": OneDNNBLAS, "torch": TorchBLAS, "openblas": OpenBLAS}

@@ -6,10 +6,17 @@
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 
+#include <atomic>
 #include <cstdio>
 #include <limits>
 #include <optional>
 #include <vector>
+
+// ATen's oneDNN matmul (result = beta result + alpha mat1 mat2, over 2-d or 3-d strided tensors), which ATen itself
+// runs for reduced-precision products and not for float ones (MKL's GEMM runs those): not in its installed headers
+namespace at::native {
+void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& result, float beta, float alpha);
+}
 
 namespace {
 
@@ -93,6 +100,34 @@ void dcnb_torch_conv_backward(int is_double, int64_t rank, const int64_t* x_shap
         if (db) DB.copy_(gb);
     } catch (const std::exception& e) {
         failed(e.what(), {DX, DW, DB});
+    }
+}
+
+int dcnb_torch_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
+                     int64_t ldc, int64_t stride_c, int64_t batch) {
+    c10::InferenceMode no_autograd;
+    // a column-major matrix is its transpose row-major: C^T = op(B)^T op(A)^T, each operand a strided view; an
+    // operand one matrix for all (stride 0) is a batch of one, which oneDNN broadcasts
+    auto view = [batch](const float* data, bool transposed, int64_t rows, int64_t cols, int64_t ld, int64_t stride) {
+        std::vector<int64_t> shape{rows, cols}, strides{transposed ? 1 : ld, transposed ? ld : 1};
+        if (batch > 1) {
+            shape.insert(shape.begin(), stride == 0 ? 1 : batch);
+            strides.insert(strides.begin(), stride == 0 ? rows * cols : stride);
+        }
+        return at::from_blob(const_cast<float*>(data), shape, strides, at::kFloat);
+    };
+    try {
+        auto BT = view(b, trans_b != 0, n, k, ldb, stride_b);
+        auto AT = view(a, trans_a != 0, k, m, lda, stride_a);
+        auto CT = view(c, false, n, m, ldc, stride_c);
+        at::native::mkldnn_matmul(BT, AT, CT, beta, alpha);
+        return 0;
+    } catch (const std::exception& e) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true))
+            std::fprintf(stderr, "dcnb: oneDNN's matmul failed, MKL's GEMM runs instead: %s\n", e.what());
+        return 1;
     }
 }
 }

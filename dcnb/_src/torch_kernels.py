@@ -1,4 +1,5 @@
-"""PyTorch's own CPU kernels, called from generated code: its convolutions, which on x86-64 are oneDNN's.
+"""PyTorch's own CPU kernels, called from generated code: its convolutions, which on x86-64 are oneDNN's, and
+oneDNN's matrix products (blas.py).
 
 A convolution of one group runs as im2col and a BLAS product otherwise (fixes/conv.py), a grouped one as C++ loops;
 at full size both lose to the kernels eager calls (ResNet-50, training, 2x3x224x224: dcnb's convolutions 324 ms,
@@ -43,11 +44,15 @@ def wanted() -> bool:
 
 
 def library() -> pathlib.Path | None:
-    """The library, built here on first use; None where it is not wanted or cannot be built (then once a warning
-    saying why: convolutions keep dcnb's own code)."""
-    if not wanted():
-        return None
-    return _built(cache.root().absolute(), _digest())
+    """The library for convolutions, built here on first use; None where it is not wanted or cannot be built (then
+    once a warning saying why: convolutions keep dcnb's own code)."""
+    return bridge() if wanted() else None
+
+
+def bridge() -> pathlib.Path | None:
+    """The library, whatever ``DCNB_CONV`` says (matrix products call it too: blas.py), built here on first use;
+    None where it cannot be built (then once a warning saying why)."""
+    return _built(cache.root().absolute(), digest())
 
 
 def avx512() -> bool:
@@ -81,7 +86,8 @@ def for_depthwise(window: tuple[int, ...], strides: tuple[int, ...], image: tupl
 
 
 @functools.cache
-def _digest() -> str:
+def digest() -> str:
+    """What the library's build depends on: PyTorch's version and its sources."""
     digest = hashlib.sha256(torch.__version__.encode())
     for path in (SOURCE, HEADER, pathlib.Path(__file__)):
         digest.update(path.read_bytes())
@@ -95,7 +101,7 @@ def key(sdfg: dace.SDFG) -> str:
     if not any(_may_call(node) for node, _ in sdfg.all_nodes_recursive()):
         return "none"
     # the choices of for_pointwise and for_depthwise follow the CPU's capability
-    return f"torch:{_digest()}:avx512={avx512()}" if library() is not None else "loops"
+    return f"torch:{digest()}:avx512={avx512()}" if library() is not None else "loops"
 
 
 #: library nodes that expand into a node that may call the library (an ONNX Conv into a Convolution): named where
@@ -134,7 +140,8 @@ def _built(root: pathlib.Path, digest: str) -> pathlib.Path | None:
         if done.returncode != 0:
             os.unlink(partial.name)
             warnings.warn(
-                "dcnb could not build its bridge to PyTorch's convolutions, and keeps its own (im2col and a BLAS): "
+                "dcnb could not build its bridge to PyTorch's kernels, and keeps its own convolutions (im2col and a "
+                "BLAS) and MKL's products: "
                 f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
                 stacklevel=2,
             )

@@ -4,6 +4,7 @@ Without the fixes, DaCe's BLAS nodes expand to loops outside auto_optimize: the 
 Every session step checks outputs and gradients against PyTorch; the tests check that the code calls the BLAS.
 """
 
+import itertools
 import pathlib
 
 import dace
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 import dcnb
-from dcnb._src import blas
+from dcnb._src import blas, torch_kernels
 from dcnb._src.fixes import linalg
 from tests.models import TinyMLP
 
@@ -46,7 +47,7 @@ def _assert_calls_blas(session, name: str, calls: int) -> None:
 def test_linear_layers_call_the_blas():
     # DaCe's BLAS nodes expanded to loops unless auto_optimize named a BLAS: naive builds and backwards never did
     session = dcnb.optimize(TinyMLP(), torch.randn(8, 16), baselines=(), time_budget=0.01)
-    _assert_calls_blas(session, AVAILABLE[0], calls=2)
+    _assert_calls_blas(session, blas.chosen().name, calls=2)
     assert {"grad x", "grad fc1.weight", "grad fc2.weight"} <= set(session.current.check.errors)
 
 
@@ -91,6 +92,93 @@ def test_a_batched_product_is_one_call_of_the_blas_batched_gemm(monkeypatch):
         assert "dcnb_gemm_batched(" in code and "__ib" not in code, sdfg.name
 
 
+class _Large(nn.Module):
+    """Products of 128x128x128 multiply-adds and more: a Linear on 3-d input and a batched product, forward and
+    backward (the weight's gradient a product over both batch dimensions)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(128, 128)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y @ y.transpose(-1, -2)
+
+
+def _onednn_products(capfd, call) -> int:
+    """How many matrix products oneDNN runs during ``call()``, from its own log."""
+    capfd.readouterr()
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        call()
+    return sum(",matmul," in line for line in capfd.readouterr().out.splitlines())
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
+def test_large_float_products_run_through_onednn_and_small_ones_through_mkl(monkeypatch, capfd):
+    # ATen runs MKL's GEMM for float products, and MKL takes its AVX-512 paths on Intel's CPUs only: oneDNN's matmul,
+    # in the same library, is the faster elsewhere (an AMD EPYC: 0.45x MKL's time). Forward and backward, checked
+    monkeypatch.setenv("DCNB_BLAS", "onednn")
+    torch.manual_seed(0)
+    x = torch.randn(2, 128, 128, requires_grad=True)
+    session = dcnb.optimize(_Large(), x, baselines=(), time_budget=0.01)
+    _assert_calls_blas(session, "onednn", calls=1)
+    assert {"output", "grad x", "grad fc.weight", "grad fc.bias"} <= set(session.current.check.errors)
+    # forward: the Linear and the batched product; backward: the weight's and x's gradients, the batched product's
+    assert _onednn_products(capfd, lambda: session.module(x).sum().backward()) >= 5
+    small = dcnb.optimize(TinyMLP(), torch.randn(8, 16, requires_grad=True), baselines=(), time_budget=0.01)
+    _assert_calls_blas(small, "onednn", calls=2)
+    assert _onednn_products(capfd, lambda: small.module(torch.randn(8, 16, requires_grad=True)).sum().backward()) == 0
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
+@pytest.mark.parametrize("batch, shared", [(1, None), (3, None), (3, "a"), (3, "b")])
+def test_the_bridge_multiplies_as_sgemm_does(batch, shared):
+    # column-major operands, transposed or not, with leading dimensions past their rows, alpha and beta, a batch
+    # whose one operand may be one matrix for all (stride 0): what DaCe's cblas calls and dcnb's batched call pass
+    gemm, rng = blas.bridge_gemm(torch_kernels.bridge()), np.random.default_rng(0)
+    m, n, k, pad = 5, 7, 4, 3
+    for trans_a, trans_b, beta in itertools.product((0, 1), (0, 1), (0.0, 1.0)):
+        rows_a, cols_a = (k, m) if trans_a else (m, k)
+        rows_b, cols_b = (n, k) if trans_b else (k, n)
+        a = rng.standard_normal((batch, cols_a, rows_a + pad), dtype=np.float32)  # column by column
+        b = rng.standard_normal((batch, cols_b, rows_b + pad), dtype=np.float32)
+        c = rng.standard_normal((batch, n, m + pad), dtype=np.float32)
+        before = c.copy()
+        stride_a = 0 if shared == "a" or batch == 1 else a[0].size
+        stride_b = 0 if shared == "b" or batch == 1 else b[0].size
+        done = gemm(
+            trans_a, trans_b, m, n, k, 0.5, a.ctypes.data, rows_a + pad, stride_a, b.ctypes.data, rows_b + pad,
+            stride_b, beta, c.ctypes.data, m + pad, c[0].size, batch,
+        )  # fmt: skip
+        assert done == 0
+        for i in range(batch):
+            op_a = a[0 if shared == "a" else i, :, :rows_a].T
+            op_b = b[0 if shared == "b" else i, :, :rows_b].T
+            op_a, op_b = (op_a.T if trans_a else op_a), (op_b.T if trans_b else op_b)
+            want = 0.5 * op_a @ op_b + beta * before[i, :, :m].T
+            np.testing.assert_allclose(c[i, :, :m].T, want, rtol=1e-5, atol=1e-5)
+            assert np.array_equal(c[i, :, m:], before[i, :, m:])  # past the rows: untouched
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
+def test_products_call_mkl_where_the_bridge_to_onednn_does_not_build(fresh_cache, monkeypatch):
+    # the bridge is built by the first product's expansion; where it cannot be, products keep MKL's GEMM
+    monkeypatch.setenv("DCNB_BLAS", "onednn")
+    with dace.config.set_temporary("compiler", "cpu", "executable", value="false"):
+        with pytest.warns(UserWarning, match="could not build its bridge"):
+            assert blas.linked().name == "torch"
+    monkeypatch.setenv("DCNB_CACHE", str(fresh_cache / "elsewhere"))
+    assert blas.linked().name == "onednn"  # (a cache where it builds)
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
+def test_onednn_is_chosen_unasked_where_measured_faster(monkeypatch):
+    monkeypatch.delenv("DCNB_BLAS", raising=False)
+    speedup = blas.onednn_speedup()
+    assert 0 < speedup < float("inf")
+    assert blas.chosen().name == ("onednn" if speedup >= blas.ONEDNN_MARGIN else "torch")
+
+
 # --- which expansion a BLAS node gets (code generation only, nothing compiled) ---------------------------------
 
 
@@ -132,10 +220,12 @@ def test_other_products_keep_dace_loops(monkeypatch):
 
 def test_blas_choice_is_in_the_build_key(monkeypatch):
     monkeypatch.setenv("DCNB_BLAS", "none")
-    without = blas.key()
+    keys = {blas.key()}
     for name in AVAILABLE:
         monkeypatch.setenv("DCNB_BLAS", name)
-        assert blas.key() not in (without, "") and name in blas.key()
+        assert blas.key().startswith(f"{name}:")
+        keys.add(blas.key())
+    assert len(keys) == len(AVAILABLE) + 1
     monkeypatch.setenv("DCNB_BLAS", "mkl")
     with pytest.raises(ValueError, match="DCNB_BLAS must be one of"):
         blas.chosen()

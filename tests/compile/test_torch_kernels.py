@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import dcnb
-from dcnb._src import torch_kernels
+from dcnb._src import blas, torch_kernels
 
 pytestmark = pytest.mark.compile
 
@@ -103,11 +103,15 @@ def test_dcnb_conv_names_its_choices(monkeypatch):
         torch_kernels.wanted()
 
 
-def test_a_model_without_convolutions_is_built_without_the_bridge(fresh_cache):
-    # its build waited for the bridge (6-16 s, a transformer's first step on a machine) that none of its code calls
+def test_a_model_calling_none_of_pytorchs_kernels_is_built_without_the_bridge(fresh_cache):
+    # its build waited for the bridge (6-16 s, a transformer's first step on a machine) that none of its code calls:
+    # neither convolutions nor matrix products (which call it where oneDNN's products are chosen: blas.py)
     torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(8, 8), nn.GELU())
-    session = dcnb.optimize(module, torch.randn(2, 8, requires_grad=True), baselines=(), time_budget=0.0)
+    x = torch.randn(2, 8, requires_grad=True)
+    session = dcnb.optimize(nn.Sequential(nn.GELU(), nn.Tanh()), x, baselines=(), time_budget=0.0)
     assert session.current.ok and session.current.check.ok, session.current.error
     assert not (fresh_cache / "torch_kernels").exists()
+    products = dcnb.optimize(nn.Sequential(nn.Linear(8, 8), nn.GELU()), x, baselines=(), time_budget=0.0)
+    assert products.current.ok and products.current.check.ok, products.current.error
+    assert (fresh_cache / "torch_kernels").exists() == (blas.chosen().name == "onednn")
     assert _session(training=True).current.ok and (fresh_cache / "torch_kernels").is_dir()

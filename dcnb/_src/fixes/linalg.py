@@ -200,7 +200,7 @@ def _choose(cblas_expansion: type[ExpandTransformation], unchecked: str | None =
     def pick(node, state, sdfg) -> str:
         if on_gpu_host(node, state, sdfg) and _fits(node, state, sdfg, CUBLAS_EXPANSIONS[type(node)]):
             return CUBLAS
-        found = blas.chosen()
+        found = blas.linked()
         if found is not None and _blas_applies(node, state, sdfg, cblas_expansion):
             return IMPLEMENTATIONS[found.name]
         if unchecked is not None:
@@ -296,7 +296,7 @@ class _BatchedMatMulOneCall(ExpandBatchedMatMulOpenBLAS):
     # has a batched GEMM (blas.Blas.batched), one call of it; else DaCe's loop
     @staticmethod
     def expansion(node, state, sdfg):
-        found = blas.chosen()
+        found = blas.linked()
         if found is None or not found.batched:
             return ExpandBatchedMatMulOpenBLAS.expansion(node, state, sdfg)
         node.validate(sdfg, state)
@@ -331,7 +331,7 @@ for _node, _choose_cls, _cblas in (
     _node.register_implementation(CHOOSE, _choose_cls)
     _node.register_implementation(CUBLAS, CUBLAS_EXPANSIONS[_node])
     for _name, _implementation in IMPLEMENTATIONS.items():
-        _base = _BatchedMatMulOneCall if (_node, _name) == (BatchedMatMul, "torch") else _cblas
+        _base = _BatchedMatMulOneCall if _node is BatchedMatMul and _name in ("onednn", "torch") else _cblas
         _node.register_implementation(_implementation, _linked(_base, _name))
     _node.default_implementation = CHOOSE
 BatchedMatMul.register_implementation("dcnb_unchecked", ExpandBatchedMatMulUnchecked)
