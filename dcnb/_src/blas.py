@@ -160,6 +160,11 @@ def onednn_speedup() -> float:
     return best[1] / best[0]
 
 
+# a forked process (dcnb transforms and compiles in them) hangs in OpenMP's threads once its parent has used them:
+# the measurement is made in the process about to fork, and the child inherits it
+os.register_at_fork(before=onednn_speedup)
+
+
 def onednn_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """``out = a @ b`` for contiguous float matrices, or batches of them, through the bridge generated code calls
     (``dcnb_torch_sgemm``: column-major, so ``out^T = b^T a^T``)."""

@@ -6,6 +6,7 @@ Every session step checks outputs and gradients against PyTorch; the tests check
 
 import itertools
 import pathlib
+import time
 
 import dace
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 import dcnb
-from dcnb._src import blas, torch_kernels
+from dcnb._src import blas, forked, torch_kernels
 from dcnb._src.fixes import linalg
 from tests.models import TinyMLP
 
@@ -169,6 +170,25 @@ def test_products_call_mkl_where_the_bridge_to_onednn_does_not_build(fresh_cache
             assert blas.linked().name == "torch"
     monkeypatch.setenv("DCNB_CACHE", str(fresh_cache / "elsewhere"))
     assert blas.linked().name == "onednn"  # (a cache where it builds)
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
+def test_a_forked_process_inherits_the_measurement_and_does_not_hang(monkeypatch):
+    # OpenMP's threads hang in a forked process once its parent has used them; dcnb transforms and compiles in
+    # forked ones, where the first product's expansion asks which BLAS: the measurement is made before the fork
+    monkeypatch.delenv("DCNB_BLAS", raising=False)
+    blas.onednn_speedup.cache_clear()
+    torch.mm(torch.rand(256, 256), torch.rand(256, 256))  # this process's OpenMP threads at work
+    child = forked.Child(lambda: (blas.chosen().name, blas.onednn_speedup.cache_info().misses))
+    deadline = time.monotonic() + 60
+    while not child.done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not child.done():
+        child.stop()
+        pytest.fail("the forked process hung")
+    name, measured = child.result()
+    child.reap()
+    assert name == blas.chosen().name and measured == 1  # once, before the fork
 
 
 @pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
