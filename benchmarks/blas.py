@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import time
 
 import torch
 from torch import nn
@@ -102,23 +101,20 @@ PRODUCTS = [
 
 
 def products(rounds: int = 30) -> dict:
-    """Each product of PRODUCTS through MKL and through oneDNN: the best time of ``rounds`` calls each, in turns."""
+    """Each product of PRODUCTS through MKL and through oneDNN: the best time of ``rounds`` calls each, in turns after
+    one that sets each up."""
     result = {}
     for batch, m, n, k in PRODUCTS:
         lead = () if batch is None else (batch,)
         a, b, out = torch.rand(*lead, m, k), torch.rand(*lead, k, n), torch.empty(*lead, m, n)
         mkl = (lambda: torch.mm(a, b, out=out)) if batch is None else (lambda: torch.bmm(a, b, out=out))
         calls = {"mkl": mkl, "onednn": lambda: blas.onednn_product(a, b, out)}
-        best = dict.fromkeys(calls, float("inf"))
-        for round_ in range(rounds + 1):  # the first round sets each one up
-            for name, call in calls.items():
-                start = time.perf_counter()
-                call()
-                best[name] = min(best[name], time.perf_counter() - start) if round_ else best[name]
+        times = timing.interleaved(calls, warmup=1, min_runs=rounds, max_runs=rounds)
+        best = {name: t.min for name, t in times.items()}
         torch.testing.assert_close(out, a @ b, rtol=1e-5, atol=1e-5)  # (different summation orders)
         result[f"{'' if batch is None else f'{batch}x'}{m}x{n}x{k}"] = {
-            "mkl_us": round(best["mkl"] * 1e6, 1),
-            "onednn_us": round(best["onednn"] * 1e6, 1),
+            "mkl_us": round(best["mkl"] * 1e3, 1),
+            "onednn_us": round(best["onednn"] * 1e3, 1),
             "onednn_vs_mkl": round(best["onednn"] / best["mkl"], 3),
         }
     return result

@@ -38,12 +38,13 @@ import hashlib
 import os
 import pathlib
 import sysconfig
-import time
 
 import dace
 import dace.libraries.blas
 import dace.library
 import torch
+
+from . import timing
 
 CHOICES = ("onednn", "torch", "openblas", "none")
 HEADER = pathlib.Path(__file__).with_name("blas_torch.h")
@@ -144,20 +145,18 @@ def linked() -> Blas | None:
 @functools.cache
 def onednn_speedup() -> float:
     """How many times as fast as MKL's GEMM oneDNN's multiplies two float 512x512 matrices here (each the best of 7
-    calls through ATen, taken in turns: ``torch.mm`` runs MKL's, the operator ``torch.compile`` fuses linear layers
-    with oneDNN's); 0 where oneDNN's is not available."""
+    calls through ATen, taken in turns after one that sets it up: ``torch.mm`` runs MKL's, the operator
+    ``torch.compile`` fuses linear layers with oneDNN's); 0 where oneDNN's is not available."""
     if _onednn() is None:
         return 0.0
     a, b, c = (torch.rand(512, 512) for _ in range(3))
     b_t = b.t().contiguous()  # (the operator takes a linear layer's weight: out x in)
-    calls = (lambda: torch.ops.mkldnn._linear_pointwise(a, b_t, None, "none", [], ""), lambda: torch.mm(a, b, out=c))
-    best = [float("inf")] * 2
-    for round_ in range(8):  # the first round sets each one up
-        for i, call in enumerate(calls):
-            start = time.perf_counter()
-            call()
-            best[i] = min(best[i], time.perf_counter() - start) if round_ else best[i]
-    return best[1] / best[0]
+    calls = {
+        "onednn": lambda: torch.ops.mkldnn._linear_pointwise(a, b_t, None, "none", [], ""),
+        "mkl": lambda: torch.mm(a, b, out=c),
+    }
+    times = timing.interleaved(calls, warmup=1, min_runs=7, max_runs=7)
+    return times["mkl"].min / times["onednn"].min
 
 
 # a forked process (dcnb transforms and compiles in them) hangs in OpenMP's threads once its parent has used them:
@@ -192,7 +191,7 @@ def bridge_gemm(library: pathlib.Path):
 
 def _missing(name: str) -> str:
     if name == "onednn":
-        return "this PyTorch has no oneDNN or no MKL exporting its GEMMs, or dcnb's bridge to its kernels did not build"
+        return "this PyTorch has no oneDNN, or its MKL does not export its GEMMs and batched GEMMs"
     if name == "torch":
         return "this PyTorch's CPU library does not export sgemm_ and dgemm_"
     return "Debian's OpenMP build of OpenBLAS is not installed (apt-get install libopenblas-openmp-dev)"
