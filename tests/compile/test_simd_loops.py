@@ -17,15 +17,18 @@ pytestmark = pytest.mark.compile
 ROWS, COLUMNS = 256, 512  # past schedule.GRAIN: a parallel map
 
 
-def _chain(read: str = "a[i, j]", code: str = "__out = tanh(__in * 0.5) + __in", wcr: str | None = None) -> dace.SDFG:
-    """An SDFG of one map over ROWS x COLUMNS: out[i, j] from ``read`` through ``code``."""
+def _chain(
+    read: str = "a[i, j]", code: str = "__out = tanh(__in * 0.5) + __in", wcr: str | None = None,
+    language: dace.Language = dace.Language.Python,
+) -> dace.SDFG:
+    """An SDFG of one map over ROWS x COLUMNS: out[i, j] from ``read`` through ``code`` (in ``language``)."""
     sdfg = dace.SDFG("chain")
     sdfg.add_array("a", [ROWS, COLUMNS], dace.float32)
     sdfg.add_array("out", [ROWS, COLUMNS], dace.float32)
     state = sdfg.add_state()
     state.add_mapped_tasklet(
         "chain", {"i": f"0:{ROWS}", "j": f"0:{COLUMNS}"}, {"__in": dace.Memlet(read)}, code,
-        {"__out": dace.Memlet("out[i, j]", wcr=wcr)}, external_edges=True,
+        {"__out": dace.Memlet("out[i, j]", wcr=wcr)}, language=language, external_edges=True,
     )
     schedule.apply(sdfg)
     return sdfg
@@ -90,15 +93,7 @@ def test_maps_the_pragma_could_break_or_slow_are_left_as_they_are(read, code, wc
 
 def test_a_cpp_tasklet_is_left_as_it_is():
     # its code may hold loops and pragmas of its own, which an omp simd loop may not
-    sdfg = dace.SDFG("cpp")
-    sdfg.add_array("a", [ROWS, COLUMNS], dace.float32)
-    sdfg.add_array("out", [ROWS, COLUMNS], dace.float32)
-    state = sdfg.add_state()
-    state.add_mapped_tasklet(
-        "cpp", {"i": f"0:{ROWS}", "j": f"0:{COLUMNS}"}, {"__in": dace.Memlet("a[i, j]")}, "__out = __in;",
-        {"__out": dace.Memlet("out[i, j]")}, language=dace.Language.CPP, external_edges=True,
-    )
-    schedule.apply(sdfg)
+    sdfg = _chain(code="__out = __in;", language=dace.Language.CPP)
     assert simd_loops.apply(sdfg) == 0
 
 

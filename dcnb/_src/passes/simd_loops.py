@@ -8,8 +8,8 @@ its ``tanh`` ran one element at a time. Under ``omp simd`` the same loop is vect
 GPT-2 small block (8x128x768, an Intel Xeon's 2 cores) that map took 4.9-5.1 ms against 43.6-53.0 without.
 
 Such a map's last dimension becomes a sequential map of its own inside it (as DaCe's MapExpansion would split it),
-which carries ``SIMD_LOOP`` as its instrumentation: the provider below writes
-the pragma where DaCe's CPU code generator calls instrumentation, right before that map's loop. The pragma promises
+which carries ``SIMD_LOOP`` as its instrumentation: the provider below writes the pragma where DaCe's CPU code
+generator calls instrumentation, right before that map's loop. The pragma promises
 what a map already does (its iterations independent), so only maps that keep that promise inside are taken: Python
 tasklets and their data only, no sum (write-conflict resolution), and every array element the loop reads or writes
 one at a time and contiguously along it (no gathers nor scatters, which the pragma would force on the compiler).
@@ -90,7 +90,7 @@ def _elementwise(state: dace.SDFGState, entry: nodes.MapEntry, exit_: nodes.MapE
 def _along(memlet: dace.Memlet, sdfg: dace.SDFG, param: str) -> bool:
     """Whether ``memlet`` moves one element at a time contiguously along ``param`` (by one element or not at all)."""
     desc = sdfg.arrays[memlet.data]
-    if desc.total_size == 1 or (desc.transient and isinstance(desc, dace.data.Scalar)):
+    if desc.total_size == 1:  # a scalar, or an iteration's one-element array
         return True
     if memlet.subset.num_elements() != 1:
         return False
