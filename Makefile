@@ -7,8 +7,10 @@ setup:
 mish: setup
 	.venv/bin/dcnb run notebooks/mish.ipynb --out out
 
+# a test that hangs fails alone, with where it waited, after 15 minutes (the longest takes about 3 on these 2 cores),
+# where it held CI until CI's own limit
 test: setup
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest --timeout 900
 
 # the fast loop: tests that build nothing (tests/unit, tests/test_smoke.py), in about a minute
 unit: setup
