@@ -43,6 +43,8 @@ dace_internals.replace_state_queries()
 dace_internals.replace_nested_sdfg_symbols()
 # and the symbols of an SDFG's arrays are worked out again only for the arrays whose shape changed
 dace_internals.replace_sdfg_symbols()
+# and an SDFG's free symbols take the names of the arrays it reads or writes without working out what it reads where
+dace_internals.replace_used_arrays()
 # and a region added to a tree's region list is looked up in a set, not by a scan of the list
 dace_internals.replace_cfg_list_update()
 # and a state's scopes are kept across a library node's expansion into a nested SDFG, which moves no other node
