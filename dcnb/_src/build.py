@@ -203,6 +203,19 @@ def _configure(device: str, cuda_arch: str | None) -> None:
         Config.set("compiler", "cpu", "libs", value=f"{libs} {vecmath.libraries()}".strip())
 
 
+#: GCC optimizes and generates one source file's code on one core; optimized at the link instead, it does so in
+#: partitions, one per core: a 12-layer BERT's backward compiled in 5.3-8.7 s where it took 10.6-17.4 on 2 cores
+LINK_TIME = " -flto=auto"
+#: the nodes (``nodes_in``) from which an SDFG is optimized at its link: below, the link's second pass cost more
+#: than it saved (0.1-0.4 s more on a Mish and a small MLP, 22 and 121 nodes)
+LINK_TIME_AT = 300
+
+
+def nodes_in(sdfg: dace.SDFG) -> int:
+    """The nodes of ``sdfg``'s states and of every SDFG nested in it."""
+    return sum(len(state.nodes()) for nested in sdfg.all_sdfgs_recursive() for state in nested.states())
+
+
 def _own_args(sdfg: dace.SDFG, device: str) -> str:
     """Compiler flags for one SDFG's code. Where it sums along loops (reductions), GCC may reassociate the sums, as
     OpenMP's simd reductions and PyTorch's vectorized kernels do, and so vectorizes those loops (a row's sum folded
@@ -216,17 +229,9 @@ def _own_args(sdfg: dace.SDFG, device: str) -> str:
     args = ""
     if _sums_in_loops(sdfg):
         args += " -fassociative-math -funroll-loops" + (" -mprefer-vector-width=512" if _wide_vectors() else "")
-    if sum(len(state.nodes()) for nested in sdfg.all_sdfgs_recursive() for state in nested.states()) >= LINK_TIME_AT:
+    if nodes_in(sdfg) >= LINK_TIME_AT:
         args += LINK_TIME
     return args
-
-
-#: GCC optimizes and generates one source file's code on one core; optimized at the link instead, it does so in
-#: partitions, one per core: a 12-layer BERT's backward compiled in 5.3-6.2 s where it took 10.6-17.4 on 2 cores
-LINK_TIME = " -flto=auto"
-#: the nodes from which an SDFG is optimized at its link: below, the link's second pass cost more than it saved
-#: (0.1-0.4 s more on a Mish and a small MLP, 22 and 121 nodes)
-LINK_TIME_AT = 300
 
 
 def _sums_in_loops(sdfg: dace.SDFG) -> bool:
