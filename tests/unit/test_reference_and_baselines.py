@@ -37,16 +37,21 @@ def test_a_candidate_is_checked_on_two_runs_and_float64_is_asked_only_past_the_t
     }
     same = _Drifting(linear, 0.0)
     assert reference.check(same).ok and same.calls == 2
-    assert reference._exact is None  # nothing was past the tolerance
+    assert reference._exact is None and reference._other_order is None  # nothing was past the tolerance
     # the second run differs: it is judged (and fails), though the first passed
     drifting = _Drifting(linear, 1.0)
     result = reference.check(drifting)
     assert not result.ok and result.worst == "output" and drifting.calls == 2 and "output differs" in result.message
     exact = reference._exact
     assert exact is not None and exact.tensors["output"].dtype == torch.float64
-    # a candidate failing its first run runs once; the float64 run is made once per reference
+    # a candidate failing its first run runs once; the float64 run and PyTorch's run in another order of summation
+    # (one thread) are made once per reference, and the session's number of threads is restored
+    other = reference._other_order
+    assert other is not None and other.tensors.keys() == reference.expected.tensors.keys()
+    threads = torch.get_num_threads()
     wrong = _Drifting(lambda x: linear(x) * 2, 0.0)
-    assert not reference.check(wrong).ok and wrong.calls == 1 and reference._exact is exact
+    assert not reference.check(wrong).ok and wrong.calls == 1
+    assert reference._exact is exact and reference._other_order is other and torch.get_num_threads() == threads
     assert linear.weight.grad is None  # the user's module is left as it was
 
 

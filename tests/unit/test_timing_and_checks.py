@@ -171,6 +171,25 @@ def test_a_small_gradient_with_one_kink_flipped_matches_where_all_its_other_elem
     assert not verify.compare(verify.Run({"grad b": torch.tensor([0.0, 0.1])}), pytorchs, exact=few).ok
 
 
+def test_a_gradient_may_be_as_far_from_float64_as_twice_pytorchs_float32_in_another_order_of_summation():
+    # a full-size ResNet-50 in eval mode at batch 4: a BatchNorm bias's gradient of 64 channels, PyTorch's default
+    # order 0.013 from float64 at its farthest, its one-thread order without oneDNN 0.12, dcnb's after auto_optimize
+    # 0.122 (a kink flipped where neither of PyTorch's orders flipped it)
+    exact = torch.linspace(-20, 20, 64, dtype=torch.float64)
+    want = exact.float().clone()
+    want[[3, 40]] += 0.013
+    other = exact.float().clone()
+    other[[9, 17, 50]] -= 0.12
+    ours = exact.float().clone()
+    ours[[5, 30]] += 0.122
+    exact, want, other = (verify.Run({"grad b": t}) for t in (exact, want, other))
+    assert not verify.compare(verify.Run({"grad b": ours}), want, exact=exact).ok
+    assert verify.compare(verify.Run({"grad b": ours}), want, exact=exact, others=(other,)).ok
+    wrong = ours.clone()
+    wrong[[5, 30]] += 0.5  # five times as far as either of PyTorch's orders, in every measure
+    assert not verify.compare(verify.Run({"grad b": wrong}), want, exact=exact, others=(other,)).ok
+
+
 def test_runs_are_the_same_only_bit_for_bit():
     run = verify.Run({"output": torch.tensor([1.0, 2.0]), "grad x": torch.tensor([3.0])})
     assert run.same_as(verify.Run({k: t.clone() for k, t in run.tensors.items()}))
