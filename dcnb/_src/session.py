@@ -18,7 +18,7 @@ from torch import nn
 from . import build as builder
 from . import fixes  # noqa: F401  (installs the fixes for DaCe gaps)
 from . import actions, alone, arguments, cuda_check, diff, events, forked, native, passes, probe, program, timing
-from . import verify, workdir
+from . import torch_kernels, verify, workdir
 from . import search as search_module
 from .analysis import Analysis
 from .errors import DcnbError, InputError, StepError, check, describe
@@ -145,6 +145,8 @@ class Session:
         )
         if self.device == "cpu":
             native.start()  # built (once per machine) while this session exports and compiles
+            if torch_kernels.wanted() and any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules()):
+                torch_kernels.start()  # on the other core while this session exports, imports and differentiates
         # the user's module runs where the compiled code runs, so that they share parameters
         self._module = module.to(self.device)
         self._inputs = [t.to(self.device) for t in inputs]
@@ -175,6 +177,8 @@ class Session:
             )
             pre = copy.deepcopy(self._imported.sdfg)
             passes.run(passes.ON_IMPORT, pre)
+        if self.device == "cpu" and torch_kernels.wanted() and torch_kernels.may_call(pre):
+            torch_kernels.start()  # convolutions called as functions (F.conv2d): found in the graph only
         self._reference = verify.Reference(
             self._module,
             self._inputs,

@@ -6,8 +6,8 @@ at full size both lose to the kernels eager calls (ResNet-50, training, 2x3x224x
 eager's 241). As the BLAS route reaches PyTorch's MKL (blas.py), this one reaches its convolutions: a small C++
 library (``torch_kernels.cpp``) wraps the generated code's pointers as tensors (``at::from_blob``, no copy) and calls
 ``at::convolution`` and ``at::convolution_backward``, which choose the kernel as eager does. It is built once per
-PyTorch and source (about 6 s) into the build cache, by the first build whose SDFG has a convolution, and
-linked by path.
+PyTorch and source (6-14 s) into the build cache and linked by path: in the background from the start of a session
+whose module has a convolution (``start``), else by the first build whose SDFG has one.
 
 ``DCNB_CONV=loops`` keeps dcnb's own code (im2col and the BLAS, loops for groups); unset, PyTorch's kernels are used
 where the library builds here.
@@ -15,6 +15,7 @@ where the library builds here.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import os
@@ -95,10 +96,9 @@ def digest() -> str:
 
 
 def key(sdfg: dace.SDFG) -> str:
-    """What the build cache keys on: which library of PyTorch's kernels ``sdfg`` may call, if any: from code
-    already expanded, or from a library node one of whose expansions calls it. The library is not built for an SDFG
-    that can call none (a transformer's first build on a machine waited 6-16 s for it)."""
-    if not any(_may_call(node) for node, _ in sdfg.all_nodes_recursive()):
+    """What the build cache keys on: which library of PyTorch's kernels ``sdfg`` may call, if any. The library is
+    not built for an SDFG that can call none (a transformer's first build on a machine waited 6-16 s for it)."""
+    if not may_call(sdfg):
         return "none"
     # the choices of for_pointwise and for_depthwise follow the CPU's capability
     return f"torch:{digest()}:avx512={avx512()}" if library() is not None else "loops"
@@ -107,6 +107,12 @@ def key(sdfg: dace.SDFG) -> str:
 #: library nodes that expand into a node that may call the library (an ONNX Conv into a Convolution): named where
 #: they are expanded (fixes/conv.py)
 EXPANDING_TO_CALLERS: list[type[dace.nodes.LibraryNode]] = []
+
+
+def may_call(sdfg: dace.SDFG) -> bool:
+    """Whether ``sdfg`` may call the library: from code already expanded, or from a library node one of whose
+    expansions calls it."""
+    return any(_may_call(node) for node, _ in sdfg.all_nodes_recursive())
 
 
 def _may_call(node: dace.nodes.Node) -> bool:
@@ -118,35 +124,85 @@ def _may_call(node: dace.nodes.Node) -> bool:
     return any(TorchKernels in getattr(e, "environments", ()) for e in expansions.values())
 
 
-@functools.cache
-def _built(root: pathlib.Path, digest: str) -> pathlib.Path | None:
-    folder = root / "torch_kernels" / digest
-    target = folder / "libdcnb_torch_kernels.so"
-    with cache.writing(), cache.locked([folder]):
-        if target.is_file():
-            return target
-        folder.mkdir(parents=True, exist_ok=True)
+_NAME = "libdcnb_torch_kernels.so"
+
+
+class _Compile:
+    """The compiler building the library into a partial file of its folder, in its own process."""
+
+    def __init__(self, folder: pathlib.Path):
         torch_dir = pathlib.Path(torch.__file__).parent
         compiler = Config.get("compiler", "cpu", "executable") or shutil.which("c++") or "g++"
         with tempfile.NamedTemporaryFile(dir=folder, suffix=".so", delete=False) as partial:
-            command = [
-                compiler, "-O2", "-shared", "-fPIC", "-std=c++20", "-w",
-                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-                f"-I{torch_dir / 'include'}", f"-I{HEADER.parent}", str(SOURCE),
-                f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
-                "-o", partial.name,
-            ]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            os.unlink(partial.name)
+            self.partial = partial.name
+        command = [
+            compiler, "-O2", "-shared", "-fPIC", "-std=c++20", "-w",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-I{torch_dir / 'include'}", f"-I{HEADER.parent}", str(SOURCE),
+            f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+            "-o", self.partial,
+        ]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        #: a forked process inherits this object, not the compiler as its child: it compiles on its own
+        self.owner = os.getpid()
+
+    def finish(self) -> str | None:
+        """Wait for the compiler: None where it built the partial file, else the last line it printed."""
+        stderr = self.process.communicate()[1].strip()
+        if self.process.returncode == 0:
+            return None
+        os.unlink(self.partial)
+        return stderr.splitlines()[-1] if stderr else str(self.process.returncode)
+
+
+#: the compiles ``start`` began, by folder, until a build takes theirs (``_built``)
+_ahead: dict[pathlib.Path, _Compile] = {}
+
+
+def start() -> None:
+    """Begin building the library, where it is not built yet, in a compiler's process of its own: a session whose
+    module has a convolution calls this before its export, and its first build then finds the library built or
+    waits only for the rest of its compile (where the first build made it, it waited 10-14 s for it while
+    preparing the backward's compile, with the other core idle). A failure is reported where a build takes it."""
+    folder = cache.root().absolute() / "torch_kernels" / digest()
+    if folder in _ahead or (folder / _NAME).is_file():
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _ahead[folder] = _Compile(folder)
+    except OSError:  # an unwritable cache, no compiler: the build that needs the library says so
+        return
+    atexit.register(_taken_at_exit, folder)
+
+
+def _taken_at_exit(folder: pathlib.Path) -> None:
+    """A compile ``start`` began that no build took, finished where it began: the next process finds it built."""
+    ahead = _ahead.get(folder)
+    if ahead is not None and ahead.owner == os.getpid():
+        _built(folder.parent.parent, folder.name)
+
+
+@functools.cache
+def _built(root: pathlib.Path, digest: str) -> pathlib.Path | None:
+    folder = root / "torch_kernels" / digest
+    target = folder / _NAME
+    with cache.writing(), cache.locked([folder]):
+        ahead = _ahead.pop(folder, None)
+        if target.is_file():
+            if ahead is not None and ahead.owner == os.getpid() and ahead.finish() is None:
+                os.unlink(ahead.partial)  # another process built it meanwhile
+            return target
+        folder.mkdir(parents=True, exist_ok=True)
+        build = ahead if ahead is not None and ahead.owner == os.getpid() else _Compile(folder)
+        failure = build.finish()
+        if failure is not None:
             warnings.warn(
                 "dcnb could not build its bridge to PyTorch's kernels, and keeps its own convolutions (im2col and a "
-                "BLAS) and MKL's products: "
-                f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
+                f"BLAS) and MKL's products: {failure}",
                 stacklevel=2,
             )
             return None
-        os.replace(partial.name, target)  # whole or not at all, for the next process
+        os.replace(build.partial, target)  # whole or not at all, for the next process
     return target
 
 

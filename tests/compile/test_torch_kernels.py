@@ -8,6 +8,8 @@ check which code the binaries call.
 """
 
 import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -43,11 +45,11 @@ class _Block(nn.Module):
         return self.pointwise(self.depthwise(torch.relu(self.norm(self.grouped(self.stem(x))))))
 
 
-def _session(training: bool):
+def _session(training: bool, **options):
     torch.manual_seed(0)
     module = _Block().train(training)
     x = torch.randn(2, 3, 16, 16, requires_grad=True)
-    return dcnb.optimize(module, x, training=training, baselines=(), time_budget=0.0)
+    return dcnb.optimize(module, x, training=training, baselines=(), time_budget=0.0, **options)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
@@ -115,3 +117,30 @@ def test_a_model_calling_none_of_pytorchs_kernels_is_built_without_the_bridge(fr
     assert products.current.ok and products.current.check.ok, products.current.error
     assert (fresh_cache / "torch_kernels").exists() == (blas.chosen().name == "onednn")
     assert _session(training=True).current.ok and (fresh_cache / "torch_kernels").is_dir()
+
+
+def test_a_session_whose_module_has_a_convolution_builds_the_bridge_while_it_exports(fresh_cache):
+    # its first build waited 10-14 s for the bridge while preparing the backward's compile, the other core idle
+    folder = fresh_cache.absolute() / "torch_kernels" / torch_kernels.digest()
+    seen = []
+
+    def progress(message: str) -> None:
+        if message == "exporting to ONNX":
+            ahead = torch_kernels._ahead.get(folder)
+            seen.append(ahead is not None and ahead.process.poll() is None)
+
+    session = _session(training=True, progress=progress)
+    assert seen == [True]  # the compiler was running
+    assert session.current.ok and session.current.check.ok, session.current.error
+    assert (folder / "libdcnb_torch_kernels.so").is_file() and folder not in torch_kernels._ahead
+    assert [p.name for p in folder.iterdir()] == ["libdcnb_torch_kernels.so"]  # no partial file left
+
+
+def test_a_bridge_build_begun_and_never_taken_is_finished_before_its_process_exits(fresh_cache):
+    # a session that stopped before its first build: the next process finds the library built
+    started = subprocess.run(
+        [sys.executable, "-c", "from dcnb._src import torch_kernels; torch_kernels.start()"], capture_output=True
+    )
+    assert started.returncode == 0, started.stderr
+    folder = fresh_cache.absolute() / "torch_kernels" / torch_kernels.digest()
+    assert [p.name for p in folder.iterdir()] == ["libdcnb_torch_kernels.so"]
