@@ -145,7 +145,7 @@ class Session:
         )
         if self.device == "cpu":
             native.start()  # built (once per machine) while this session exports and compiles
-            if torch_kernels.wanted() and any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules()):
+            if any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules()):
                 torch_kernels.start()  # on the other core while this session exports, imports and differentiates
         # the user's module runs where the compiled code runs, so that they share parameters
         self._module = module.to(self.device)
@@ -177,7 +177,7 @@ class Session:
             )
             pre = copy.deepcopy(self._imported.sdfg)
             passes.run(passes.ON_IMPORT, pre)
-        if self.device == "cpu" and torch_kernels.wanted() and torch_kernels.may_call(pre):
+        if self.device == "cpu" and torch_kernels.may_call(pre):
             torch_kernels.start()  # convolutions called as functions (F.conv2d): found in the graph only
         self._reference = verify.Reference(
             self._module,

@@ -142,7 +142,11 @@ class _Compile:
             f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
             "-o", self.partial,
         ]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        except OSError:  # no compiler at that path: no partial file left behind
+            os.unlink(self.partial)
+            raise
         #: a forked process inherits this object, not the compiler as its child: it compiles on its own
         self.owner = os.getpid()
 
@@ -160,11 +164,15 @@ _ahead: dict[pathlib.Path, _Compile] = {}
 
 
 def start() -> None:
-    """Begin building the library, where it is not built yet, in a compiler's process of its own: a session whose
-    module has a convolution calls this before its export, and its first build then finds the library built or
-    waits only for the rest of its compile (where the first build made it, it waited 10-14 s for it while
-    preparing the backward's compile, with the other core idle). A failure is reported where a build takes it."""
-    folder = cache.root().absolute() / "torch_kernels" / digest()
+    """Begin building the library, where convolutions call it (``wanted``) and it is not built yet, in a compiler's
+    process of its own: a session whose module or graph has a convolution calls this before its first build, which
+    then finds the library built or waits only for the rest of its compile (where the first build made it, it waited
+    10-14 s for it while preparing the backward's compile, with the other core idle). A failure is reported where a
+    build takes it."""
+    if not wanted():
+        return
+    root = cache.root().absolute()
+    folder = _folder(root, digest())
     if folder in _ahead or (folder / _NAME).is_file():
         return
     try:
@@ -172,19 +180,23 @@ def start() -> None:
         _ahead[folder] = _Compile(folder)
     except OSError:  # an unwritable cache, no compiler: the build that needs the library says so
         return
-    atexit.register(_taken_at_exit, folder)
+    atexit.register(_taken_at_exit, root, digest())
 
 
-def _taken_at_exit(folder: pathlib.Path) -> None:
+def _taken_at_exit(root: pathlib.Path, digest: str) -> None:
     """A compile ``start`` began that no build took, finished where it began: the next process finds it built."""
-    ahead = _ahead.get(folder)
+    ahead = _ahead.get(_folder(root, digest))
     if ahead is not None and ahead.owner == os.getpid():
-        _built(folder.parent.parent, folder.name)
+        _built(root, digest)
+
+
+def _folder(root: pathlib.Path, digest: str) -> pathlib.Path:
+    return root / "torch_kernels" / digest
 
 
 @functools.cache
 def _built(root: pathlib.Path, digest: str) -> pathlib.Path | None:
-    folder = root / "torch_kernels" / digest
+    folder = _folder(root, digest)
     target = folder / _NAME
     with cache.writing(), cache.locked([folder]):
         ahead = _ahead.pop(folder, None)
