@@ -31,7 +31,7 @@ from dace.config import Config, temporary_config
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes
 
-from . import alone, blas, cache, events, forked, native, passes, torch_kernels
+from . import alone, blas, cache, dace_internals, events, forked, native, passes, torch_kernels
 from .errors import CompileError, DcnbError, first_line
 from .names import readable_sdfg, readable_text
 from .passes import vecmath
@@ -361,7 +361,8 @@ def _generate(sdfg: dace.SDFG, key: str, device: str) -> str:
     there, so the SDFG shown and counted is the same whether its binary was built now or came from the cache."""
     sdfg.fill_scope_connectors()
     try:
-        objects = codegen.generate_code(sdfg, validate=True)
+        with dace_internals.expansions_reused():  # the library nodes of identical layers expand once
+            objects = codegen.generate_code(sdfg, validate=True)
     except Exception as e:
         raise CompileError(
             f"DaCe could not generate code for {readable_sdfg(sdfg.name)}: {readable_text(first_line(e))}", log=str(e)

@@ -49,6 +49,8 @@ dace_internals.replace_used_arrays()
 dace_internals.replace_cfg_list_update()
 # and a state's scopes are kept across a library node's expansion into a nested SDFG, which moves no other node
 dace_internals.replace_expansion_scopes()
+# and, within expansions_reused(), a library node like one expanded before expands to a copy of what that one did
+dace_internals.replace_expansion_reuse()
 # and a library node expanded in a state that ends without a host wait expands into states that end without one
 dace_internals.replace_nested_sdfg_syncs()
 # and, with one stream asked for, every kernel and copy of a CUDA build goes to stream 0

@@ -519,6 +519,26 @@ def test_a_library_node_is_placed_without_the_state_s_scopes_where_no_gpu_scope_
     assert scopes
 
 
+class _Clamps(nn.Module):
+    def forward(self, x):
+        return torch.clamp(x, -1, 1) * torch.clamp(x, -2, 2) + torch.sin(x) * torch.cos(x)
+
+
+def test_only_nodes_alike_in_all_an_expansion_reads_but_names_share_an_expansion():
+    # Clip's expansion reads its bounds from the ONNX model's constants, outside the SDFG: each expands anew
+    imported = frontend.import_module(_Clamps(), (torch.rand(2, 8),), training=False)
+    state = imported.sdfg.start_state
+    keys = {}
+    for node in state.nodes():
+        if isinstance(node, nodes.LibraryNode):
+            key = dace_internals._expansion_key(type(node), node, state, state.sdfg)
+            keys.setdefault(node.schema.name, []).append(key)
+    assert keys["Clip"] == [None, None]
+    first, second = keys["Mul"]  # of Clip's results, and of Sin's and Cos's: arrays alike, named apart
+    assert first is not None and first == second
+    assert keys["Add"][0] not in (None, first)
+
+
 def test_an_sdfg_s_array_symbols_are_worked_out_again_only_for_an_array_whose_shape_changed(calls):
     # gap: DaCe worked out every array's symbols for every symbol lookup, a walk of all the SDFG's arrays each (10.6
     # of auto_optimize's 142 s on a 12-layer BERT's backward)
