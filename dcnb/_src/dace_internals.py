@@ -520,11 +520,18 @@ def _reads_constant(source: dace.nodes.Node, sdfg: dace.SDFG) -> bool:
     Slice's starts) or the SDFG's."""
     if not isinstance(source, dace.nodes.AccessNode):
         return False
+    root = onnx_root(sdfg)
+    model = None if root is None else root._parent_onnx_model
+    return source.data in getattr(model, "clean_weights", {}) or source.data in sdfg.constants_prop
+
+
+def onnx_root(sdfg: dace.SDFG) -> dace.SDFG | None:
+    """The SDFG, ``sdfg`` or one it is nested in, that DaCe's ONNX import left its model on (``_parent_onnx_model``:
+    the model's constants, which expansions read); None where there is none."""
     root = sdfg
     while not hasattr(root, "_parent_onnx_model") and root.parent_sdfg is not None:
         root = root.parent_sdfg
-    model = getattr(root, "_parent_onnx_model", None)
-    return source.data in getattr(model, "clean_weights", {}) or source.data in sdfg.constants_prop
+    return root if hasattr(root, "_parent_onnx_model") else None
 
 
 def _outside(state: SDFGState, sdfg: dace.SDFG) -> tuple:

@@ -18,6 +18,7 @@ from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.onnx import constant_folding
 from dace.transformation.onnx.replacement import onnx_constant_or_none
 
+from .. import dace_internals
 from .cpp import (
     at,
     cpp_backward,
@@ -80,10 +81,8 @@ def constant_input(node, state, sdfg: dace.SDFG, connector: str) -> list | None:
     """The values of the ONNX constant that feeds ``connector`` of ``node`` as a flat list; None where nothing
     feeds it or what does is computed."""
     edges = list(state.in_edges_by_connector(node, connector))
-    root = sdfg
-    while not hasattr(root, "_parent_onnx_model") and root.parent_sdfg is not None:
-        root = root.parent_sdfg
-    if not edges or not hasattr(root, "_parent_onnx_model"):
+    root = dace_internals.onnx_root(sdfg)
+    if not edges or root is None:
         return None
     value = onnx_constant_or_none(root, edges[0].src.data)
     if value is None:
