@@ -91,8 +91,9 @@ def _code(sdfg, reused: bool) -> list[str]:
 
 
 def test_identical_layers_expand_once_at_code_generation_into_the_same_code(fresh_cache, calls):
-    # gap: DaCe runs every library node's expansion anew, the same ops of every layer again (1,824 expansions, 19 of
-    # the 39 s that generating a 12-layer BERT's backward took); dcnb's Reduce expansions also rename connectors
+    # gap: DaCe runs every library node's expansion anew, the same ops of every layer again (1,824 in a 12-layer
+    # BERT's backward, whose code generation took 27-29 s so, 20-23 s reused); dcnb's Reduce expansions also rename
+    # connectors
     blocks = nn.Sequential(*(nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.LayerNorm(16)) for _ in range(4)))
     session = dcnb.optimize(blocks, torch.randn(4, 16), baselines=(), time_budget=0.0)
     assert session.current.ok
