@@ -293,8 +293,10 @@ def test_what_the_best_is_to_beat_is_timed_with_the_finalists_whatever_its_own_t
         300, objective="time", actions=["map_fusion", "auto_optimize"], beam=1, depth=1, recipes=[kept]
     )
     titles = _titles(result)
-    # the recipe first, each of its steps a candidate, then the level's candidates
-    assert titles[:3] == ["start", "tasklet_fusion", "tasklet_fusion, vectorization"], titles
+    # the recipe first, each of its steps a candidate, then the level's candidates, auto_optimize the first of them
+    # (a search whose budget ran out before it reached auto_optimize ended 5% behind it)
+    kept_titles = ["tasklet_fusion", "tasklet_fusion, vectorization"]
+    assert titles[:5] == ["start", *kept_titles, "auto_optimize", "map_fusion"], titles
     assert [c.parent for c in result.candidates[:3]] == [None, 0, 1] and result.known == (2,)
     auto = result.candidates[titles.index("auto_optimize")]
     assert auto.ok
