@@ -118,6 +118,9 @@ def _build(name: str, batch: int | None, size: str = "test", layers: int | None 
     import torch
     from tests.hf_models import BY_NAME, FULL_BY_NAME
 
+    known = FULL_BY_NAME if size == "full" else {**BY_NAME, **SIZED}
+    if name not in known:
+        raise SystemExit(f"no model {name!r} at the {size} size; the models: {', '.join(sorted(known))}")
     if size == "full":
         return FULL_BY_NAME[name].build(batch=batch, layers=layers)
     if name in SIZED:
