@@ -356,13 +356,19 @@ def _compiled(folder: str, name: str, args: str) -> None:
     _compile_folder(folder, name, args)
 
 
+def generate_code(sdfg: dace.SDFG, validate: bool) -> list:
+    """DaCe's code objects for ``sdfg`` (its scope connectors filled first) as a build generates them: the code view
+    generates a build's code again through this, and must match it line for line."""
+    with dace_internals.expansions_reused():  # the library nodes of identical layers expand once
+        return codegen.generate_code(sdfg, validate=validate)
+
+
 def _generate(sdfg: dace.SDFG, key: str, device: str) -> str:
     """Generate code into the build folder, in a forked process: what code generation changes in the SDFG stays
     there, so the SDFG shown and counted is the same whether its binary was built now or came from the cache."""
     sdfg.fill_scope_connectors()
     try:
-        with dace_internals.expansions_reused():  # the library nodes of identical layers expand once
-            objects = codegen.generate_code(sdfg, validate=True)
+        objects = generate_code(sdfg, validate=True)
     except Exception as e:
         raise CompileError(
             f"DaCe could not generate code for {readable_sdfg(sdfg.name)}: {readable_text(first_line(e))}", log=str(e)

@@ -36,11 +36,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import dace
-from dace.codegen import codegen
 from dace.config import Config, temporary_config
 from dace.sdfg import nodes
 
-from .. import dace_internals, names
+from .. import build, names
 from ..analysis import Analysis
 from ..errors import DcnbError
 
@@ -152,20 +151,14 @@ def expanded(
 
 def _generate_again(sdfg: dace.SDFG, folder: pathlib.Path) -> _Generated:
     """Generate a copy of ``sdfg`` as its build did (the configuration the build saved in ``dace.conf``, the scope
-    connectors filled and the expansions of alike library nodes reused as build.py does): the copy as code generation
-    left it, the code with its markers by path under the build folder, and what each library node (by guid) was
-    expanded into."""
+    connectors filled, ``build.generate_code``): the copy as code generation left it, the code with its markers by
+    path under the build folder, and what each library node (by guid) was expanded into."""
     generated_copy = copy.deepcopy(sdfg)
     generated_copy.fill_scope_connectors()
-    with (
-        expansions(generated_copy) as expanded,
-        dace_internals.expansions_reused(),
-        temporary_config(),
-        warnings.catch_warnings(),
-    ):
+    with expansions(generated_copy) as expanded, temporary_config(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         Config.load(str(folder / "dace.conf"))
-        objects = codegen.generate_code(generated_copy, validate=False)
+        objects = build.generate_code(generated_copy, validate=False)
     annotated = {}
     for o in objects:
         parts = ("src", o.target.target_name, o.target_type, f"{o.name}.{o.language}")
