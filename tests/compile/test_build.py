@@ -11,8 +11,10 @@ from dace.codegen import codegen, compiler
 from torch import nn
 
 import dcnb
-from dcnb._src import build, dace_internals
+from dcnb._src import actions, build, dace_internals
+from dcnb._src import session as session_module
 from dcnb._src.fixes import reduce_node
+from dcnb._src.recipe import Entry
 from tests.models import Mish
 
 pytestmark = pytest.mark.compile
@@ -101,6 +103,19 @@ def test_identical_layers_expand_once_at_code_generation_into_the_same_code(fres
     anew = _code(session.backward_sdfg, reused=False)
     each, expanded[:] = len(expanded), []
     assert _code(session.backward_sdfg, reused=True) == anew
+    assert each >= 8 and len(expanded) <= each // 4, (each, len(expanded))
+
+
+def test_identical_layers_expand_once_in_an_action(fresh_cache, calls):
+    # an action's expansions are reused as code generation's are: auto_optimize expands the ONNX ops of a 12-layer
+    # BERT's backward, then their products and reductions (1,867), 4.5 of its 110 s less with them reused
+    blocks = nn.Sequential(*(nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.LayerNorm(16)) for _ in range(4)))
+    session = dcnb.optimize(blocks, torch.randn(4, 16), baselines=(), time_budget=0.0)
+    backward = session.calls().program.backward
+    expanded = calls(reduce_node, "_nested")
+    actions.get("auto_optimize").run(copy.deepcopy(backward), None, {}, "cpu")
+    each, expanded[:] = len(expanded), []
+    assert session_module._run(actions.get("auto_optimize"), copy.deepcopy(backward), Entry("auto_optimize"), "cpu")
     assert each >= 8 and len(expanded) <= each // 4, (each, len(expanded))
 
 
