@@ -39,6 +39,8 @@ dace_internals.replace_debug_info()
 dace_internals.replace_has_cycles()
 # and code generation finds a state's sink nodes and a node's index without walking the state each time
 dace_internals.replace_state_queries()
+# and a state's scope children are worked out from its scope dictionary, not by a walk of their own
+dace_internals.replace_scope_children()
 # and a nested SDFG is added without a walk of its parent's arrays where nothing it maps lacks a type
 dace_internals.replace_nested_sdfg_symbols()
 # and the symbols of an SDFG's arrays are worked out again only for the arrays whose shape changed

@@ -6,12 +6,13 @@ import inspect
 
 import dace
 import networkx
+import numpy as np
 import pytest
 import torch
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
 from dace.sdfg.graph import Graph, NodeNotFoundError, OrderedDiGraph
-from dace.sdfg.state import ConditionalBlock, ControlFlowRegion
+from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, SDFGState
 from dace.transformation import helpers
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 from dace.transformation.passes.simplify import SimplifyPass
@@ -312,6 +313,34 @@ def test_a_state_s_sinks_and_node_indices_are_found_with_one_walk_while_it_does_
         assert state.node_id(node) == i
         state.sink_nodes()
     assert len(sinks) <= 1 and not ids
+
+
+@dace.program
+def _nested_maps(a: dace.float32[16, 8], b: dace.float32[16, 8], c: dace.float32[16, 8]):
+    for i in dace.map[0:16]:
+        t = np.ndarray([8], dace.float32)
+        for j in dace.map[0:8]:
+            t[j] = a[i, j] * 2
+        for j in dace.map[0:8]:
+            b[i, j] = t[j] + 1
+    for i, j in dace.map[0:16, 0:8]:
+        c[i, j] = b[i, j] * b[i, j]
+
+
+def test_a_state_s_scope_children_are_dace_s_from_one_walk_after_every_change(scope_walks):
+    # gap: DaCe walked the whole state again for its scopes' children, after the walk for its scope dictionary: every
+    # map fusion of auto_optimize then made the next test walk a 12-layer BERT's backward twice
+    state = _nested_maps.to_sdfg(simplify=True).start_state
+    dace_children = SDFGState.scope_children.dace
+    for change in (lambda: state.add_access("a"), lambda: state.remove_node(state.sink_nodes()[0])):
+        change()
+        scope_walks.clear()
+        assert state.scope_dict() and state.scope_children() == state.scope_children()
+        assert len(scope_walks) == 1
+        assert state.scope_children() == dace_children(state)
+        assert list(state.scope_children()) == list(dace_children(state))
+        assert state.scope_children(return_ids=True) == dace_children(state, True)
+    assert len(state.scope_children()) == 1 + 4  # the top level and the four maps
 
 
 class _Layers(nn.Module):
