@@ -359,6 +359,7 @@ def _compiled(folder: str, name: str, args: str) -> None:
 def generate_code(sdfg: dace.SDFG, validate: bool) -> list:
     """DaCe's code objects for ``sdfg`` (its scope connectors filled first) as a build generates them: the code view
     generates a build's code again through this, and must match it line for line."""
+    sdfg.fill_scope_connectors()
     with dace_internals.expansions_reused():  # the library nodes of identical layers expand once
         return codegen.generate_code(sdfg, validate=validate)
 
@@ -366,7 +367,6 @@ def generate_code(sdfg: dace.SDFG, validate: bool) -> list:
 def _generate(sdfg: dace.SDFG, key: str, device: str) -> str:
     """Generate code into the build folder, in a forked process: what code generation changes in the SDFG stays
     there, so the SDFG shown and counted is the same whether its binary was built now or came from the cache."""
-    sdfg.fill_scope_connectors()
     try:
         objects = generate_code(sdfg, validate=True)
     except Exception as e:

@@ -151,10 +151,9 @@ def expanded(
 
 def _generate_again(sdfg: dace.SDFG, folder: pathlib.Path) -> _Generated:
     """Generate a copy of ``sdfg`` as its build did (the configuration the build saved in ``dace.conf``, the scope
-    connectors filled, ``build.generate_code``): the copy as code generation left it, the code with its markers by
+    connectors filled by ``build.generate_code``): the copy as code generation left it, the code with its markers by
     path under the build folder, and what each library node (by guid) was expanded into."""
     generated_copy = copy.deepcopy(sdfg)
-    generated_copy.fill_scope_connectors()
     with expansions(generated_copy) as expanded, temporary_config(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         Config.load(str(folder / "dace.conf"))
