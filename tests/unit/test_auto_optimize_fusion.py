@@ -220,6 +220,50 @@ def test_sets_of_maps_that_cannot_fuse_are_refused_without_copying_the_sdfg(call
     assert not copies
 
 
+def _transposed_maps_beside_a_nested_sdfg() -> tuple[dace.SDFG, nodes.NestedSDFG]:
+    """``_transposed_maps`` and, in the same state, a nested SDFG scaling ``d`` into ``e``, apart from the maps."""
+    sdfg = _transposed_maps(False)
+    inner = dace.SDFG("scale")
+    inner.add_array("x", [N], dace.float32)
+    inner.add_array("y", [N], dace.float32)
+    inner.add_state().add_mapped_tasklet(
+        "scale", {"k": f"0:{N}"}, {"v": dace.Memlet("x[k]")}, "w = 3 * v", {"w": dace.Memlet("y[k]")},
+        external_edges=True,
+    )
+    sdfg.add_array("d", [N], dace.float32)
+    sdfg.add_array("e", [N], dace.float32)
+    state = sdfg.start_state
+    nested = state.add_nested_sdfg(inner, {"x"}, {"y"})
+    state.add_edge(state.add_access("d"), None, nested, "x", dace.Memlet(f"d[0:{N}]"))
+    state.add_edge(nested, "y", state.add_access("e"), None, dace.Memlet(f"e[0:{N}]"))
+    return sdfg, nested
+
+
+def test_maps_expanded_to_fuse_are_tested_on_a_copy_sharing_what_the_test_leaves_alone(calls):
+    sdfg, nested = _transposed_maps_beside_a_nested_sdfg()
+    state = sdfg.start_state
+    subgraph = subgraph_helpers.subgraph_from_maps(
+        sdfg, state, [n for n in state.nodes() if isinstance(n, nodes.MapEntry)]
+    )
+    copies = calls(dace.SDFG, "__deepcopy__")
+    answer = CompositeFusion().can_be_applied(sdfg, subgraph)
+    # DaCe's test copies the SDFG and the one nested beside the maps
+    assert len(copies) == 2
+    copies.clear()
+    assert auto_optimize._fusible(CompositeFusion())(sdfg, subgraph) == answer
+    assert len(copies) == 1
+    # the shared nested SDFG, which the copy pointed at its own parents, points at its own again
+    assert (nested.sdfg.parent_nsdfg_node, nested.sdfg.parent, nested.sdfg.parent_sdfg) == (nested, state, sdfg)
+    assert sdfg.cfg_list == [sdfg, nested.sdfg]
+    auto_optimize._greedy_fuse(sdfg)
+    sdfg.validate()
+    a, d = np.random.rand(N, 8).astype(np.float32), np.random.rand(N).astype(np.float32)
+    b, e = np.zeros((N, 8), np.float32), np.zeros(N, np.float32)
+    sdfg(a=a, b=b, d=d, e=e)
+    np.testing.assert_allclose(b, 2 * a + 1, rtol=1e-6)
+    np.testing.assert_allclose(e, 3 * d, rtol=1e-6)
+
+
 def _chain_maps(sdfg: dace.SDFG, *labels: str) -> SubgraphView:
     state = sdfg.start_state
     entries = [n for n in state.nodes() if isinstance(n, nodes.MapEntry) and n.map.label[: -len("_map")] in labels]

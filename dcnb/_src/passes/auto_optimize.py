@@ -211,7 +211,8 @@ def _fusible(condition: CompositeFusion) -> Callable[[dace.SDFG, SubgraphView], 
     gap: CompositeFusion deep-copies the whole SDFG for each set of maps it could expand to a common outer map, to
     test fusion on the expanded copy: 73 tests and 22 s of a ResNet-18's auto_optimize. Each of its tests needs the
     maps' neighbours to be fusible (no array between them also written from outside; no path out of the set back
-    into it), and expansion does not change them: it splits a map inside its own scope.
+    into it), and expansion does not change them: it splits a map inside its own scope. Where it still copies, the
+    copy shares with the SDFG what the test does not change (``dace_internals.unchanged_shared_in_copies``).
     """
 
     def test(sdfg: dace.SDFG, subgraph: SubgraphView) -> bool:
@@ -223,7 +224,8 @@ def _fusible(condition: CompositeFusion) -> Callable[[dace.SDFG, SubgraphView], 
             return False
         if not SubgraphFusion.check_topo_feasibility(sdfg, state, entries, between, out):
             return False
-        return condition.can_be_applied(sdfg, subgraph)
+        with dace_internals.unchanged_shared_in_copies(sdfg, subgraph):
+            return condition.can_be_applied(sdfg, subgraph)
 
     return test
 
