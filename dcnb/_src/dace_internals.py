@@ -716,13 +716,16 @@ def cfg_list_rebuilt_once(sdfg: dace.SDFG) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def unchanged_shared_in_copies(sdfg: dace.SDFG, subgraph: dace.sdfg.state.StateSubgraphView) -> Iterator[None]:
+def unchanged_shared_in_copies(
+    sdfg: dace.SDFG, subgraph: dace.sdfg.state.StateSubgraphView, entries: list[dace.nodes.MapEntry]
+) -> Iterator[None]:
     """Within the block, the copy of ``sdfg`` that CompositeFusion's test makes (``copy.deepcopy`` in its module)
     shares with ``sdfg`` what the test does not change instead of copying it: the nodes of the subgraph's state
-    outside the subgraph and its maps' scopes, the memlets between them, the SDFGs nested in nodes outside them, the
-    arrays' descriptors. The test expands the subgraph's maps in the copy (their parameters and the memlets and
-    nodes in their scopes) and reads the rest. A copy points the nested SDFGs it meets at its own parents (node,
-    state, SDFG, list of control-flow regions); after the block every shared one points at its own again.
+    outside the subgraph and the scopes of its outermost maps (``entries``), the memlets between them, the SDFGs
+    nested in nodes outside them, the arrays' descriptors. The test expands those maps in the copy (their parameters
+    and the memlets and nodes in their scopes) and reads the rest. A copy points the nested SDFGs it meets at its own
+    parents (node, state, SDFG, list of control-flow regions); after the block every shared one points at its own
+    again.
 
     gap: CompositeFusion tests maps whose parameters differ in order on a copy of the whole SDFG: 36 copies of a
     MobileViT's backward (2,200 nodes, 1,500 arrays), 54 of its auto_optimize's 100 s."""
@@ -735,9 +738,8 @@ def unchanged_shared_in_copies(sdfg: dace.SDFG, subgraph: dace.sdfg.state.StateS
             return copy.deepcopy(value, memo)
         state = subgraph.graph
         inside = set(subgraph.nodes())
-        for node in subgraph.nodes():
-            if isinstance(node, dace.nodes.EntryNode):
-                inside.update(state.scope_subgraph(node).nodes())
+        for entry in entries:
+            inside.update(state.scope_subgraph(entry).nodes())
         shared.extend(
             (node, parent)
             for parent in sdfg.states()

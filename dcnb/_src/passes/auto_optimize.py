@@ -224,7 +224,7 @@ def _fusible(condition: CompositeFusion) -> Callable[[dace.SDFG, SubgraphView], 
             return False
         if not SubgraphFusion.check_topo_feasibility(sdfg, state, entries, between, out):
             return False
-        with dace_internals.unchanged_shared_in_copies(sdfg, subgraph):
+        with dace_internals.unchanged_shared_in_copies(sdfg, subgraph, entries):
             return condition.can_be_applied(sdfg, subgraph)
 
     return test
