@@ -356,13 +356,11 @@ class StopGradientBackward(ZeroBackward):
         return node.backward_implementation == STOP_GRADIENT
 
 
-def _passed_through(forward_node, context, x_name: str, y_name: str):
-    """The backward of an op whose output is its input (converted): the output's gradient, as the input's."""
-    x, y = forward_in(forward_node, context, x_name), forward_out(forward_node, context, y_name)
-    index = [f"i{k}" for k in range(len(y.shape))]
-    head, tail = loops(index, y.shape)
-    body = head + f"{at(f'{x_name}_grad', x, index)} = {at(f'{y_name}_grad', y, index)};\n" + tail
-    return cpp_backward(forward_node, context, [f"{y_name}_grad", f"{x_name}_grad"], body)
+def _passed_through(forward_node, context, required_gradients, x_name: str):
+    """The backward of an op whose output is its input (converted): the output's gradient, as the input's. A map, not
+    C++ loops: a GPU runs its elements in parallel (the loops were one thread: 30 of a BERT-base layer's 32 ms of
+    kernels on an H200 in training mode, three Dropouts of nothing), and the CPU's map fusion can join neighbours."""
+    return _mapped_backward(forward_node, context, required_gradients, lambda t, o, n: {x_name: "__dy"})
 
 
 @autoregister_params(op="Cast", name="dcnb")
@@ -373,7 +371,7 @@ class CastBackward(BackwardImplementation):
         x, y = forward_in(forward_node, context, "input"), forward_out(forward_node, context, "output")
         if x.dtype not in FLOATS or y.dtype not in FLOATS:
             return ZeroBackward.backward(forward_node, context, given_gradients, required_gradients)
-        return _passed_through(forward_node, context, "input", "output")
+        return _passed_through(forward_node, context, required_gradients, "input")
 
 
 default_backward("Cast")
@@ -471,7 +469,7 @@ class DropoutWithoutMaskBackward(BackwardImplementation):
                 f"{readable(forward_node.label)} drops values in training mode without exporting its mask, so its "
                 "gradient cannot be computed; export it with a probability of 0 or in eval mode"
             )
-        return _passed_through(forward_node, context, "data", "output")
+        return _passed_through(forward_node, context, required_gradients, "data")
 
 
 default_backward("Dropout")
