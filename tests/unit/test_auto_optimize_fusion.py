@@ -315,3 +315,38 @@ def test_a_path_out_of_a_set_of_maps_back_into_it_is_still_found():
         entries = subgraph_helpers.get_outermost_scope_maps(sdfg, state, _chain_maps(sdfg, *labels))
         _, between, out = SubgraphFusion.get_adjacent_nodes(sdfg, state, entries)
         assert SubgraphFusion.check_topo_feasibility(sdfg, state, entries, between, out) is feasible, labels
+
+
+def _renamed_onto_an_inner_parameter(horizontal: bool) -> dace.SDFG:
+    """A map over (i, j) writing ``t``, and a map over (i, k) whose body is a map over j: fused, k becomes j."""
+    sdfg = dace.SDFG("renamed_onto_an_inner_parameter")
+    sdfg.add_array("a", [4, 8], dace.float32)
+    sdfg.add_array("t", [4, 8], dace.float32, transient=not horizontal)
+    sdfg.add_array("b", [4, 8, 3], dace.float32)
+    state = sdfg.add_state()
+    a, t, b = state.add_access("a"), state.add_access("t"), state.add_access("b")
+    state.add_mapped_tasklet(
+        "first", {"i": "0:4", "j": "0:8"}, {"x": dace.Memlet("a[i, j]")}, "y = 2 * x", {"y": dace.Memlet("t[i, j]")},
+        external_edges=True, input_nodes={"a": a}, output_nodes={"t": t},
+    )
+    outer_entry, outer_exit = state.add_map("second", {"i": "0:4", "k": "0:8"})
+    inner_entry, inner_exit = state.add_map("inner", {"j": "0:3"})
+    tasklet = state.add_tasklet("scale", {"x"}, {"y"}, "y = x * (j + 1)")
+    read = a if horizontal else t
+    state.add_memlet_path(read, outer_entry, inner_entry, tasklet, dst_conn="x", memlet=dace.Memlet(f"{read.data}[i, k]"))
+    state.add_memlet_path(tasklet, inner_exit, outer_exit, b, src_conn="y", memlet=dace.Memlet("b[i, k, j]"))
+    return sdfg
+
+
+@pytest.mark.parametrize("horizontal", [False, True], ids=["vertical", "horizontal"])
+def test_a_map_fused_into_another_keeps_the_maps_inside_it_apart(horizontal):
+    # DaCe renamed k to j over the second map's whole scope, its inner map over j too: it wrote b[i, j, j] only
+    # (LeViT's HardSwish fused after a transpose: infinities from the rest of the buffer)
+    sdfg = _renamed_onto_an_inner_parameter(horizontal)
+    fuse = auto_optimize._fuse_parallel_maps if horizontal else auto_optimize._fuse_maps_vertically
+    assert fuse(sdfg) == 1
+    a = np.random.default_rng(0).random((4, 8), dtype=np.float32)
+    b, t = np.full((4, 8, 3), np.nan, np.float32), np.zeros((4, 8), np.float32)
+    sdfg(a=a, b=b, **({"t": t} if horizontal else {}))
+    source = a if horizontal else 2 * a
+    np.testing.assert_allclose(b, source[:, :, None] * np.arange(1, 4, dtype=np.float32))

@@ -22,12 +22,19 @@ from collections.abc import Callable, Iterator
 
 import dace
 from dace import data as dt
+from dace import symbolic
 from dace.sdfg import infer_types, nodes
 from dace.sdfg import utils as sdutil
 from dace.sdfg.graph import SubgraphView
 from dace.sdfg.state import SDFGState
 from dace.transformation.auto import auto_optimize as dace_auto
-from dace.transformation.dataflow import MapCollapse, MapFusionHorizontal, MapFusionVertical, TrivialMapElimination
+from dace.transformation.dataflow import (
+    MapCollapse,
+    MapFusionHorizontal,
+    MapFusionVertical,
+    TrivialMapElimination,
+    map_fusion_helper,
+)
 from dace.transformation.estimator.enumeration import GreedyEnumerator
 from dace.transformation.interstate import LoopToMap, MoveLoopIntoMap
 from dace.transformation.passes import analysis as ap
@@ -69,6 +76,27 @@ def _parallel_pairs(state: SDFGState) -> Iterator[tuple[nodes.MapEntry, nodes.Ma
                 yield first, second
 
 
+def _unshadow(state: SDFGState, first: nodes.Map, second: nodes.MapEntry) -> None:
+    """Rename the parameters of the maps inside ``second``'s scope that a fusion with ``first`` would rename
+    ``second``'s own parameters to.
+
+    gap: DaCe's map fusions rename the second map's parameters to the first's over its whole scope, maps nested in it
+    included, without looking at their parameters: where one of them had the new name, the renamed indices became
+    that map's (LeViT's HardSwish fused after a transpose wrote only [i, j, j] of its output, the rest left as the
+    buffer held it: infinities)."""
+    renamed = set((map_fusion_helper.find_parameter_remapping(first, second.map) or {}).values())
+    inner = [n for n in state.scope_subgraph(second, include_entry=False).nodes() if isinstance(n, nodes.MapEntry)]
+    taken = set(state.sdfg.symbols) | {p for n in state.nodes() if isinstance(n, nodes.MapEntry) for p in n.map.params}
+    for entry in inner:
+        fresh = {}
+        for param in (p for p in entry.map.params if p in renamed):
+            fresh[param] = next(f"{param}_{k}" for k in itertools.count() if f"{param}_{k}" not in taken)
+            taken.add(fresh[param])
+        if fresh:
+            symbolic.safe_replace(fresh, state.scope_subgraph(entry).replace_dict)
+            entry.map.params = [fresh.get(p, p) for p in entry.map.params]
+
+
 def _fuse_parallel_maps(sdfg: dace.SDFG) -> int:
     # MapFusionHorizontal applied pair by pair from _parallel_pairs, each pair verified by DaCe's own test; the
     # table is made again only after a fusion changed the state
@@ -82,6 +110,7 @@ def _fuse_parallel_maps(sdfg: dace.SDFG) -> int:
                 for first, second in _parallel_pairs(state):
                     if (first, second) in refused:
                         continue
+                    _unshadow(state, first.map, second)
                     try:
                         MapFusionHorizontal.apply_to(
                             nested, annotate=False, save=False,
@@ -139,6 +168,7 @@ def _fuse_maps_vertically(sdfg: dace.SDFG) -> int:
                     except Exception:  # noqa: BLE001 -- DaCe's pattern matching skips a match whose test raises
                         continue
                     fusion._pipeline_results = results
+                    _unshadow(state, chain[0].map, chain[2])
                     fusion.apply(state, state.sdfg)
                     applied += 1
                     fused = True
