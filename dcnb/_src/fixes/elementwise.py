@@ -480,27 +480,23 @@ class ClipBackward(BackwardImplementation):
     # gap: DaCe's Clip backward needs both bounds, as constants (clamp_min crashed with StopIteration)
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
-        x, y = forward_in(forward_node, context, "input"), forward_out(forward_node, context, "output")
-        t = f"({x.dtype.ctype})"
-        index = [f"i{k}" for k in range(len(y.shape))]
-        tests, read = [], []
-        for edge in context.forward_state.in_edges(forward_node):
-            if edge.dst_conn not in ("min", "max"):
-                continue
-            # a constant bound is written into the code, as the forward's expansion does (nothing stored for it)
-            value = onnx_constant_or_none(context.forward_sdfg, edge.src.data)
-            if isinstance(value, (int, float)):
-                bound = f"{t}{value!r}"
-            else:
-                desc = forward_in(forward_node, context, edge.dst_conn)
-                bound = at(edge.dst_conn, desc, broadcast_index(desc, y.shape, index))
-                read.append(edge.dst_conn)
-            tests.append(f"{at('input', x, index)} {'>=' if edge.dst_conn == 'min' else '<='} {bound}")
-        head, tail = loops(index, y.shape)
-        inside = " && ".join(tests) or "true"
-        body = head + f"const auto dy = {at('output_grad', y, index)};\n"  # loaded unconditionally: see cpp.py
-        body += f"{at('input_grad', x, index)} = ({inside}) ? dy : 0;\n" + tail
-        return cpp_backward(forward_node, context, ["input", *read, "output_grad", "input_grad"], body)
+        # a constant bound is written into the code, as the forward's expansion does (nothing stored for it)
+        bounds = {
+            e.dst_conn: onnx_constant_or_none(context.forward_sdfg, e.src.data)
+            for e in context.forward_state.in_edges(forward_node)
+            if e.dst_conn in ("min", "max")
+        }
+
+        def gradients(t, operands, node):
+            tests = [
+                f"{operands['input']} {'>=' if n == 'min' else '<='} "
+                + (f"{t}({value!r})" if isinstance(value, (int, float)) else operands[n])
+                for n, value in bounds.items()
+            ]
+            return {"input": f"(__dy if {' and '.join(tests) or 'True'} else {t}(0))"}
+
+        # a map, as _passed_through's: C++ loops would run as one thread on a GPU (ReLU6's in MobileNetV2)
+        return _mapped_backward(forward_node, context, required_gradients, gradients)
 
 
 default_backward("Clip")
