@@ -85,16 +85,26 @@ def _unshadow(state: SDFGState, first: nodes.Map, second: nodes.MapEntry) -> Non
     that map's (LeViT's HardSwish fused after a transpose wrote only [i, j, j] of its output, the rest left as the
     buffer held it: infinities)."""
     renamed = set((map_fusion_helper.find_parameter_remapping(first, second.map) or {}).values())
-    inner = [n for n in state.scope_subgraph(second, include_entry=False).nodes() if isinstance(n, nodes.MapEntry)]
+    if not renamed:
+        return
+    scope = state.scope_subgraph(second, include_entry=False).nodes()
+    inner = [n for n in scope if isinstance(n, nodes.MapEntry) and renamed & set(n.map.params)]
+    if not inner:
+        return
     taken = set(state.sdfg.symbols) | {p for n in state.nodes() if isinstance(n, nodes.MapEntry) for p in n.map.params}
-    for entry in inner:
+    parent = state.scope_dict()
+
+    def depth(node: nodes.Node) -> int:
+        return 0 if parent[node] is None else 1 + depth(parent[node])
+
+    # innermost first: a renaming over a map's scope must not reach a map inside it with a parameter of that name
+    for entry in sorted(inner, key=depth, reverse=True):
         fresh = {}
         for param in (p for p in entry.map.params if p in renamed):
             fresh[param] = next(f"{param}_{k}" for k in itertools.count() if f"{param}_{k}" not in taken)
             taken.add(fresh[param])
-        if fresh:
-            symbolic.safe_replace(fresh, state.scope_subgraph(entry).replace_dict)
-            entry.map.params = [fresh.get(p, p) for p in entry.map.params]
+        symbolic.safe_replace(fresh, state.scope_subgraph(entry).replace_dict)
+        entry.map.params = [fresh.get(p, p) for p in entry.map.params]
 
 
 def _fuse_parallel_maps(sdfg: dace.SDFG) -> int:
