@@ -14,7 +14,17 @@ from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node
 from dace.registry import autoregister_params
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 
-from .cpp import cpp_backward, cpp_expansion, forward_in, forward_out, loops, offset, parallel_for, simd
+from .cpp import (
+    channels_last,
+    cpp_backward,
+    cpp_expansion,
+    forward_in,
+    forward_out,
+    loops,
+    offset,
+    parallel_for,
+    simd,
+)
 from .programs import parsed
 from .registry import default_backward, pure_expansion
 
@@ -38,15 +48,15 @@ class BatchNormalizationExpansion(ONNXForward):
         # PyTorch, whose BatchNorm the exporter writes here, keeps the unbiased variance as its running estimate
         keep, take = float(node.momentum), 1 - float(node.momentum)
         take_unbiased = take * channel.count / max(channel.count - 1, 1)
-        body = channel.statistics(float(node.epsilon)) + channel.over_elements(
-            "Y[_o] = X[_i] * k + b;", before="const double k = scale[_c] * inv_std, b = B[_c] - mean * k;\n"
-        )
+        channel.statistics(float(node.epsilon))
+        channel.scalars("const double k = scale[_c] * inv_std, b = B[_c] - mean * k;\n")
+        channel.each("Y[_o] = X[_i] * k + b;", ("k", "b"))
         if {"running_mean", "running_var"} <= set(node.out_connectors):
-            body += (
+            channel.scalars(
                 f"running_mean[_c] = input_mean[_c] * {keep!r} + mean * {take!r};\n"
                 f"running_var[_c] = input_var[_c] * {keep!r} + var * {take_unbiased!r};\n"
             )
-        return cpp_expansion(node, state, sdfg, channel.over_channels(body))
+        return cpp_expansion(node, state, sdfg, channel.code())
 
 
 def _batch_normalization_eval(node, state, sdfg) -> dace.SDFG:
@@ -85,7 +95,7 @@ class BatchNormalizationBackward(BackwardImplementation):
         training = bool(forward_node.training_mode)
         reads = ["X", "scale"] + ([] if training else ["input_mean", "input_var"])
         names = ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)]
-        body = channel.over_channels(_batch_norm_backward(channel, float(forward_node.epsilon), wanted, training))
+        body = _batch_norm_backward(channel, float(forward_node.epsilon), wanted, training)
         return cpp_backward(forward_node, context, names, body)
 
 
@@ -104,30 +114,37 @@ def _read(state, node, connector: str) -> bool:
 
 
 def _batch_norm_backward(channel: _Channel, eps: float, wanted: list[str], training: bool) -> str:
-    """C++ for one channel's gradients ``wanted`` of a BatchNormalization: with x_hat = (x - mean) * inv_std over
-    its M elements, d scale = sum(dY * x_hat), dB = sum(dY), and dX = scale * inv_std * (dY - sum(dY) / M - x_hat *
-    sum(dY * x_hat) / M) in training mode (the batch's statistics), scale * inv_std * dY in eval mode."""
+    """C++ for the gradients ``wanted`` of a BatchNormalization, one channel's at a time as ``channel`` lays them
+    out: with x_hat = (x - mean) * inv_std over its M elements, d scale = sum(dY * x_hat), dB = sum(dY), and dX =
+    scale * inv_std * (dY - sum(dY) / M - x_hat * sum(dY * x_hat) / M) in training mode (the batch's statistics),
+    scale * inv_std * dY in eval mode."""
     if training:
-        body = channel.statistics(eps, dy=True)
+        channel.statistics(eps, dy=True)
     else:
-        body = f"const double mean = input_mean[_c], inv_std = 1.0 / sqrt((double)input_var[_c] + {eps!r});\n"
-        body += "double s_dy = 0, s_dyx = 0;\n"
+        channel.scalars(
+            f"const double mean = input_mean[_c], inv_std = 1.0 / sqrt((double)input_var[_c] + {eps!r});\n"
+        )
         if "scale" in wanted or "B" in wanted:
-            body += channel.over_elements(
-                "const double dy = Y_grad[_o]; s_dy += dy; s_dyx += dy * (X[_i] - mean);", sums=("s_dy", "s_dyx")
-            )
-    body += "const double sum_dy_x_hat = inv_std * s_dyx;\n"
+            terms = "const double dy = Y_grad[_o]; s_dy += dy; s_dyx += dy * (X[_i] - mean);"
+            channel.sum(("s_dy", "s_dyx"), terms, ("mean",))
+        else:
+            channel.scalars("double s_dy = 0, s_dyx = 0;\n")
+    channel.scalars("const double sum_dy_x_hat = inv_std * s_dyx;\n")
     if "scale" in wanted:
-        body += "scale_grad[_c] = sum_dy_x_hat;\n"
+        channel.scalars("scale_grad[_c] = sum_dy_x_hat;\n")
     if "B" in wanted:
-        body += "B_grad[_c] = s_dy;\n"
+        channel.scalars("B_grad[_c] = s_dy;\n")
     if "X" in wanted and training:
-        before = f"const double k = scale[_c] * inv_std, shift = s_dy / {channel.count}, "
-        before += f"slope = sum_dy_x_hat * inv_std / {channel.count};\n"
-        body += channel.over_elements("X_grad[_i] = k * (Y_grad[_o] - shift - (X[_i] - mean) * slope);", before)
+        channel.scalars(
+            f"const double k = scale[_c] * inv_std, shift = s_dy / {channel.count}, "
+            f"slope = sum_dy_x_hat * inv_std / {channel.count};\n"
+        )
+        code = "X_grad[_i] = k * (Y_grad[_o] - shift - (X[_i] - mean) * slope);"
+        channel.each(code, ("k", "shift", "mean", "slope"))
     elif "X" in wanted:
-        body += channel.over_elements("X_grad[_i] = k * Y_grad[_o];", "const double k = scale[_c] * inv_std;\n")
-    return body
+        channel.scalars("const double k = scale[_c] * inv_std;\n")
+        channel.each("X_grad[_i] = k * Y_grad[_o];", ("k",))
+    return channel.code()
 
 
 def _dense_image(desc: dt.Data) -> bool:
@@ -136,16 +153,29 @@ def _dense_image(desc: dt.Data) -> bool:
     return all(strides[d] == strides[-1] * math.prod(shape[d + 1 :]) for d in range(2, len(shape)))
 
 
+#: channels a channels-last sum keeps in vector lanes at a time: a 64-byte cache line of floats
+_BLOCK = 16
+
+
 class _Channel:
-    """C++ over one channel of a BatchNormalization's input ``x`` (N, C, spatial...) and output ``y``, the channels
-    spread over the threads: ``[_i]`` indexes an element of X (and of its gradient), ``[_o]`` of Y (and of its
-    gradient), in their own strides. Sums are of doubles."""
+    """C++ over the channels of a BatchNormalization's input ``x`` (N, C, spatial...) and output ``y``: ``[_i]``
+    indexes an element of X (and of its gradient), ``[_o]`` of Y (and of its gradient), in their own strides, ``_c``
+    is the channel. A channel's work is a sequence of parts, which ``code`` lays out: ``sum`` (a pass over its
+    elements adding into doubles), ``scalars`` (per-channel values and outputs), ``each`` (a pass writing each
+    element). Over (N, C, H, W) arrays the channels are spread over the threads, each channel's parts in turn; over
+    channels-last ones (NHWC) each pass reads every cache line once (a block of channels over all rows for a sum,
+    rows of channels for the elements): a channel's elements are C apart there, and a pass per channel read every
+    line C / 16 times."""
 
     def __init__(self, x: dt.Data, y: dt.Data):
         self.channels = int(x.shape[1])
         self.count = math.prod(int(s) for i, s in enumerate(x.shape) if i != 1)
+        self._parts: list[tuple] = []
         spatial = [int(n) for n in x.shape[2:]]
-        if len(spatial) > 1 and _dense_image(x) and _dense_image(y):
+        self._last = channels_last(x) and channels_last(y)
+        if self._last:
+            self._x = self._y = f"(_r) * {self.channels} + (_c)"
+        elif len(spatial) > 1 and _dense_image(x) and _dense_image(y):
             # one loop over an image's elements: 7x7 images (EfficientNet's last blocks) left loops of 7 to vectorize
             self._loops = loops(["_n", "_s"], [x.shape[0], math.prod(spatial)])
             at_s = "(_n) * {} + (_c) * {} + (_s) * {}"
@@ -159,37 +189,104 @@ class _Channel:
         # cancel in it, and take a second pass over the values centered
         self._one_pass = x.dtype != dace.float64
 
-    def over_channels(self, body: str) -> str:
-        return parallel_for() + f"for (long long _c = 0; _c < {self.channels}; ++_c) {{\n{body}}}\n"
+    def sum(self, sums: tuple[str, ...], terms: str, uses: tuple[str, ...] = ()) -> None:
+        """Declare the doubles ``sums``, each the sum over the channel's elements of what ``terms`` adds into it;
+        ``terms`` reads the channel's values ``uses``."""
+        self._parts.append(("sum", sums, terms, uses))
 
-    def over_elements(self, code: str, before: str = "", sums: tuple[str, ...] = ()) -> str:
-        """``code`` for each element, the innermost loop vectorized: without the pragma a sum into a double
-        (``sums``) is a chain of dependent additions, and the compiler vectorizes neither it nor the loop."""
-        head, tail = self._loops
-        outer, innermost = head.rsplit("for (", 1)
-        code = code.replace("[_i]", f"[{self._x}]").replace("[_o]", f"[{self._y}]")
-        return before + outer + simd(sums) + "for (" + innermost + code + "\n" + tail
+    def scalars(self, code: str) -> None:
+        """Per-channel ``code``: values later parts read, outputs indexed by ``_c``."""
+        self._parts.append(("scalars", code))
 
-    def statistics(self, eps: float, dy: bool = False) -> str:
+    def each(self, code: str, uses: tuple[str, ...]) -> None:
+        """``code`` for each element of the channel, reading the channel's values ``uses``."""
+        self._parts.append(("each", code, uses))
+
+    def statistics(self, eps: float, dy: bool = False) -> None:
         """Declare the channel's ``mean``, ``var`` and ``inv_std``; with ``dy``, also ``s_dy`` (the sum of Y's
         gradient) and ``s_dyx`` (of its products with X centered)."""
         n = self.count
         if self._one_pass:
             terms = "const double x = X[_i]; s_x += x; s_xx += x * x;"
             terms += " const double dy = Y_grad[_o]; s_dy += dy; s_dyx += dy * x;" if dy else ""
-            sums = ("s_x", "s_xx", "s_dy", "s_dyx") if dy else ("s_x", "s_xx")
-            body = "double s_x = 0, s_xx = 0, s_dy = 0, s_dyx = 0;\n" + self.over_elements(terms, sums=sums)
-            body += f"const double mean = s_x / {n}, raw = s_xx / {n} - mean * mean, var = raw > 0 ? raw : 0;\n"
-            body += "s_dyx -= mean * s_dy;\n" if dy else ""
+            self.sum(("s_x", "s_xx", "s_dy", "s_dyx") if dy else ("s_x", "s_xx"), terms)
+            code = f"const double mean = s_x / {n}, raw = s_xx / {n} - mean * mean, var = raw > 0 ? raw : 0;\n"
+            self.scalars(code + ("s_dyx -= mean * s_dy;\n" if dy else ""))
         else:
-            first = "s_x += X[_i];" + (" s_dy += Y_grad[_o];" if dy else "")
+            self.sum(("s_x", "s_dy") if dy else ("s_x",), "s_x += X[_i];" + (" s_dy += Y_grad[_o];" if dy else ""))
+            self.scalars(f"const double mean = s_x / {n};\n")
             second = "const double d = X[_i] - mean; s_xx += d * d;" + (" s_dyx += Y_grad[_o] * d;" if dy else "")
-            body = "double s_x = 0, s_xx = 0, s_dy = 0, s_dyx = 0;\n"
-            body += self.over_elements(first, sums=("s_x", "s_dy") if dy else ("s_x",))
-            mean = f"const double mean = s_x / {n};\n"
-            body += self.over_elements(second, mean, ("s_xx", "s_dyx") if dy else ("s_xx",))
-            body += f"const double var = s_xx / {n};\n"
-        return body + f"const double inv_std = 1.0 / sqrt(var + {eps!r});\n"
+            self.sum(("s_xx", "s_dyx") if dy else ("s_xx",), second, ("mean",))
+            self.scalars(f"const double var = s_xx / {n};\n")
+        self.scalars(f"const double inv_std = 1.0 / sqrt(var + {eps!r});\n")
+
+    def code(self) -> str:
+        """The parts as C++, in the layout of the arrays."""
+        return self._channels_last() if self._last else self._per_channel()
+
+    def _elements(self, code: str) -> str:
+        return code.replace("[_i]", f"[{self._x}]").replace("[_o]", f"[{self._y}]")
+
+    def _per_channel(self) -> str:
+        body = ""
+        head, tail = self._loops
+        outer, innermost = head.rsplit("for (", 1)
+        for kind, *part in self._parts:
+            if kind == "scalars":
+                body += part[0]
+                continue
+            # the innermost loop vectorized: without the pragma a sum into a double is a chain of dependent
+            # additions, and the compiler vectorizes neither it nor the loop
+            sums, code = (part[0], part[1]) if kind == "sum" else ((), part[0])
+            body += "".join(f"double {s} = 0;\n" for s in sums)
+            body += outer + simd(sums) + "for (" + innermost + self._elements(code) + "\n" + tail
+        return parallel_for() + f"for (long long _c = 0; _c < {self.channels}; ++_c) {{\n{body}}}\n"
+
+    def _channels_last(self) -> str:
+        channels, rows = self.channels, self.count
+        summed: list[str] = []  # the sums so far, one array of a value per channel each
+        scalars = ""  # the per-channel code so far, run again wherever a channel's values are needed
+        body, arrays = "", []
+
+        def per_channel(after: str) -> str:
+            load = "".join(f"double {s} = _sum_{s}[_c];\n" for s in summed)
+            loop = f"for (long long _c = 0; _c < {channels}; ++_c) {{\n{load}{scalars}{after}}}\n"
+            return parallel_for() + loop
+
+        def values(uses: tuple[str, ...]) -> tuple[str, str]:
+            """Per-channel code storing ``uses``, and the loads of them inside a pass."""
+            for name in uses:
+                if f"_use_{name}" not in arrays:
+                    arrays.append(f"_use_{name}")
+            store = "".join(f"_use_{n}[_c] = {n};\n" for n in uses)
+            return (per_channel(store) if uses else ""), "".join(f"const double {n} = _use_{n}[_c];\n" for n in uses)
+
+        for kind, *part in self._parts:
+            if kind == "scalars":
+                scalars += part[0]
+                continue
+            store, load = values(part[-1])
+            body += store
+            if kind == "each":
+                body += parallel_for() + f"for (long long _r = 0; _r < {rows}; ++_r) {{\n" + simd()
+                body += f"for (long long _c = 0; _c < {channels}; ++_c) {{\n{load}{self._elements(part[0])}\n}}\n}}\n"
+                continue
+            # a block of channels (a cache line of floats) per iteration of the parallel loop, its sums kept in
+            # vector lanes over all rows: every line read once, no partial sums to add up, the same order on any
+            # number of threads
+            sums, terms = part[0], part[1]
+            arrays.extend(f"_sum_{s}" for s in sums)
+            lanes = f"long long _c = _b; _c < std::min(_b + {_BLOCK}LL, {channels}LL); ++_c"
+            body += parallel_for() + f"for (long long _b = 0; _b < {channels}; _b += {_BLOCK}) {{\n"
+            body += "".join(f"double _acc_{s}[{_BLOCK}] = {{0}};\n" for s in sums)
+            body += f"for (long long _r = 0; _r < {rows}; ++_r) {{\n" + simd() + f"for ({lanes}) {{\n{load}"
+            body += "".join(f"double {s} = 0;\n" for s in sums) + self._elements(terms) + "\n"
+            body += "".join(f"_acc_{s}[_c - _b] += {s};\n" for s in sums) + "}\n}\n"
+            body += f"for ({lanes}) {{\n" + "".join(f"_sum_{s}[_c] = _acc_{s}[_c - _b];\n" for s in sums) + "}\n}\n"
+            summed.extend(sums)
+        body += per_channel("")  # the per-channel outputs
+        allocated = "".join(f"double* {a} = new double[{channels}]();\n" for a in arrays)
+        return "{\n" + allocated + body + "".join(f"delete[] {a};\n" for a in arrays) + "}\n"
 
 
 @pure_expansion("InstanceNormalization")

@@ -19,6 +19,7 @@ from dace.transformation.transformation import ExpandTransformation
 from .. import gpu_libs
 from .cpp import (
     at,
+    channels_last,
     cpp_expansion,
     kept_nested,
     loops,
@@ -60,11 +61,19 @@ def _average_pool_applies(node, x: dt.Data) -> bool:
     )
 
 
-def _planes(y: dt.Data, out: list[str], plane: str) -> tuple[str, str]:
+def _planes(y: dt.Data, out: list[str], zeroed: tuple[str, dt.Data] | None = None) -> tuple[str, str]:
     """Loops over each image plane (b, c) of ``y``, spread over the threads (no window reaches another plane),
-    running ``plane`` once for each (a plane's zeroing), then over its output elements ``out``."""
+    zeroing the plane of ``zeroed`` (a name and its array) first, then over its output elements ``out``. Over
+    channels-last images the channels are innermost, and an image is a thread's: a plane's elements are C apart
+    there, and windows that add into an array overlap within an image."""
+    if channels_last(y) and (zeroed is None or channels_last(zeroed[1])):
+        head = parallel_for() + f"for (long long b = 0; b < {y.shape[0]}; ++b) {{\n"
+        head += _zero_image(*zeroed) if zeroed else ""
+        inner_head, inner_tail = loops([*out, "c"], [*y.shape[2:], y.shape[1]])
+        return head + inner_head, inner_tail + "}\n"
     head, tail = loops(["b", "c"], y.shape[:2])
     inner_head, inner_tail = loops(out, y.shape[2:])
+    plane = _zero_plane(*zeroed) if zeroed else ""
     return parallel_for(collapse=2) + head + plane + inner_head, inner_tail + tail
 
 
@@ -75,14 +84,21 @@ def _zero_plane(name: str, desc: dt.Data) -> str:
     return head + f"{at(name, desc, ['b', 'c', *spatial])} = 0;\n" + tail
 
 
-def _average_pool_loops(node, x: dt.Data, y: dt.Data, inner: str, plane: str = "") -> str:
+def _zero_image(name: str, desc: dt.Data) -> str:
+    """C++ zeroing the image b of ``name``, in memory order (channels last)."""
+    spatial = _spatial("__z", len(desc.shape) - 2)
+    head, tail = loops([*spatial, "__zc"], [*desc.shape[2:], desc.shape[1]])
+    return head + f"{at(name, desc, ['b', '__zc', *spatial])} = 0;\n" + tail
+
+
+def _average_pool_loops(node, x: dt.Data, y: dt.Data, inner: str, zeroed: tuple[str, dt.Data] | None = None) -> str:
     """C++ visiting every (output element, input element of its window): ``inner`` sees ``xi``, ``yi`` and
     ``count``, the divisor PyTorch uses (the window clipped to the padded image, or only its part inside the
-    image); ``plane`` runs once per plane before its windows."""
+    image); ``zeroed`` is zeroed before the windows (``_planes``)."""
     kernel, strides, pads, _ = _pool_window(node, x)
     rank = len(x.shape) - 2
     out, image = _spatial("o", rank), _spatial("i", rank)
-    head, tail = _planes(y, out, plane)
+    head, tail = _planes(y, out, zeroed)
     body = head
     for d, (o, size) in enumerate(zip(out, x.shape[2:])):
         body += (
@@ -132,14 +148,14 @@ def _max_pool_applies(node, state, x: dt.Data) -> bool:
     return "Indices" not in outputs and len(x.shape) >= 3 and node.auto_pad == "NOTSET" and not node.storage_order
 
 
-def _argmax_loops(node, x: dt.Data, y: dt.Data, use: str, plane: str = "") -> str:
+def _argmax_loops(node, x: dt.Data, y: dt.Data, use: str, zeroed: tuple[str, dt.Data] | None = None) -> str:
     """C++ finding, for every output element, ``best``: the offset into ``x`` of the element PyTorch picks in its
     window (the first maximum, or the last NaN), -1 where the window holds none; ``use`` sees ``best``, ``top``
-    and the output element ``b, c, o0..``; ``plane`` runs once per plane before its windows."""
+    and the output element ``b, c, o0..``; ``zeroed`` is zeroed before the windows (``_planes``)."""
     kernel, strides, pads, dilations = _pool_window(node, x)
     rank = len(x.shape) - 2
     out, window, image = _spatial("o", rank), _spatial("k", rank), _spatial("i", rank)
-    head, tail = _planes(y, out, plane)
+    head, tail = _planes(y, out, zeroed)
     window_head, window_tail = loops(window, kernel)
     positions = "".join(
         f"const long long {i} = {o} * {s} - {p} + {k} * {d};\n"
@@ -211,7 +227,7 @@ def _pooling_loops(pooling, state, sdfg) -> dace.SDFG:
     if "Y" in arrays:
         x, y = arrays["X"], arrays["Y"]
         if pooling.mode == "average":
-            body = _average_pool_loops(pooling, x, y, "Y[yi] += X[xi] / count;\n", _zero_plane("Y", y))
+            body = _average_pool_loops(pooling, x, y, "Y[yi] += X[xi] / count;\n", ("Y", y))
         else:
             y_at = at("Y", y, ["b", "c", *_spatial("o", len(y.shape) - 2)])
             # the element read before choosing with it (fixes/cpp.py: GCC's masked loads)
@@ -220,11 +236,11 @@ def _pooling_loops(pooling, state, sdfg) -> dace.SDFG:
         return loops_on_gpu(pooling, state, sdfg, cpp_expansion(pooling, state, sdfg, body))
     x, y = arrays["X_grad"], arrays["Y_grad"]
     if pooling.mode == "average":
-        body = _average_pool_loops(pooling, x, y, "X_grad[xi] += Y_grad[yi] / count;\n", _zero_plane("X_grad", x))
+        body = _average_pool_loops(pooling, x, y, "X_grad[xi] += Y_grad[yi] / count;\n", ("X_grad", x))
     else:
         dy = at("Y_grad", y, ["b", "c", *_spatial("o", len(y.shape) - 2)])
         scatter = f"if (best >= 0) X_grad[best] += {dy};\n"
-        body = _argmax_loops(pooling, arrays["X"], y, scatter, _zero_plane("X_grad", x))
+        body = _argmax_loops(pooling, arrays["X"], y, scatter, ("X_grad", x))
     return loops_on_gpu(pooling, state, sdfg, cpp_expansion(pooling, state, sdfg, body))
 
 
