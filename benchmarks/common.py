@@ -39,3 +39,40 @@ def print_result(result: dict, as_json: bool) -> None:
     width = max(map(len, result))
     for key, value in result.items():
         print(f"{key:<{width}}  {value}", flush=True)
+
+
+def time_together(session, module, inputs, kwargs, built: dict, seconds: float) -> dict:
+    """The compiled modules ``built`` (a search's best, the kept recipe's, a model's steps), ``auto_optimize``
+    replayed from the naive step of ``module`` (its builds in the cache), eager and torch.compile, in one interleaved
+    run of ``seconds`` on ``session``'s example call: each one's median, and the ratios of dcnb's to eager's and to
+    torch.compile's (below 1 faster)."""
+    import torch
+
+    import dcnb
+    from dcnb._src import timing, verify
+
+    modules = {"eager": module, "torch_compile": torch.compile(module), **built}
+    failed = {}
+    try:
+        replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=[{"name": "auto_optimize"}],
+                               training=session.training, baselines=(), time_budget=0.0)
+        modules["auto_optimize"] = replayed.module
+    except dcnb.DcnbError as e:
+        failed["auto_optimize"] = str(e).splitlines()[0][:200]
+    calls = {name: session._baselines.call(m) for name, m in modules.items()}
+    # at least 8 rounds: 3 (20 s of the BERT encoder's 1.5-s calls) ranked the search's best and auto_optimize 17%
+    # apart, where 8 and 9 rounds of each put them within 0.3%
+    with verify.preserved(module, session.training):
+        times = timing.interleaved(calls, budget_s=seconds, warmup=1, min_runs=8)
+    eager, compiled = times["eager"].median, times["torch_compile"].median
+    dcnbs = [name for name in modules if name not in ("eager", "torch_compile")]
+    return {
+        "together_ms": {name: round(t.median, 3) for name, t in times.items()},
+        "together_time_over_eager": {name: round(times[name].median / eager, 3) for name in dcnbs},
+        "together_time_over_torch_compile": {name: round(times[name].median / compiled, 3) for name in dcnbs},
+        "together_runs": min(t.runs for t in times.values()),
+        "together_noisy": [
+            name for name, t in times.items() if t.spread is not None and t.spread > timing.NOISY_SPREAD
+        ],
+        **({"together_failed": failed} if failed else {}),
+    }

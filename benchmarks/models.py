@@ -28,7 +28,10 @@ the steps of ``--searched``, instead of replayed from scratch (a naive step at f
 one of those steps is not run twice. ``--timeout`` ends a model's process (and its compiles) after that many
 seconds; its row keeps the steps that finished and says which did not. Each row has the date and the load average
 at its start and end. Timed processes keep glibc's heap mapped between calls (common.STEADY_HEAP), for eager and
-dcnb alike.
+dcnb alike. ``--searched`` takes any steps (``channels_last+auto_optimize``: actions joined by ``+``), and
+``--together SECONDS`` ends a model's row with every step made, eager and torch.compile in one interleaved run
+(``together_time_over_eager``, ``together_time_over_torch_compile``): ratios from one run, where each step's own run
+was minutes from the others on a machine whose load moves.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import time
 import warnings
 from typing import Any
 
-from common import steady_heap
+from common import steady_heap, time_together
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "benchmarks" / "recipes"
@@ -142,11 +145,13 @@ def _offered(recipe: list[dict[str, Any]], device: str) -> bool:
 def measure(
     name: str, batch: int | None, budget: float, save: bool, device: str = "cpu", warm: bool = False,
     baselines: tuple[str, ...] = BASELINES, size: str = "test", layers: int | None = None,
-    searched: tuple[tuple[str, ...], ...] = SEARCHED, training: bool = False, report=None,
+    searched: tuple[tuple[str, ...], ...] = SEARCHED, training: bool = False, report=None, together: float = 0.0,
 ) -> dict[str, Any]:
     """One row: the naive step, auto_optimize from it and the best recipe, each timed against the baselines (none
     where ``warm``: the steps are only made, for the cache). ``size`` "full": tests/hf_models.py's FULL entry at
-    ``batch`` (its own where None) and ``layers``. ``report`` is given the row as it is after each step."""
+    ``batch`` (its own where None) and ``layers``. ``report`` is given the row as it is after each step. ``together``
+    seconds: every step made is then timed again, with eager and torch.compile, in one interleaved run
+    (``time_together``)."""
     import dcnb
 
     report = report or (lambda row: None)
@@ -181,12 +186,24 @@ def measure(
 
     if not naive.ok:
         return row | {"load_end": _load()}
-    row = _steps(name, row, session, naive, module, inputs, options, size, searched, save, warm, device, report)
+    made: dict[str, list] = {"naive": []}
+    row = _steps(name, row, session, naive, module, inputs, options, size, searched, save, warm, device, report, made)
+    if together and not warm:
+        built = {}
+        for label, recipe in made.items():
+            try:
+                built[label] = dcnb.replay(
+                    module, *inputs, recipe=recipe, **{**options, "baselines": (), "time_budget": 0.0}
+                ).module
+            except dcnb.DcnbError as e:
+                row[f"together_{label}_error"] = str(e).splitlines()[0][:200]
+        row |= time_together(session, module, inputs, options["kwargs"], built, together)
     return row | {"load_end": _load()}
 
 
-def _steps(name, row, session, naive, module, inputs, options, size, searched, save, warm, device, report):
-    """The steps after the naive one: ``searched``'s, then the kept recipe's (or the fastest tried), into ``row``."""
+def _steps(name, row, session, naive, module, inputs, options, size, searched, save, warm, device, report, made):
+    """The steps after the naive one: ``searched``'s, then the kept recipe's (or the fastest tried), into ``row``;
+    each step made goes into ``made`` as its recipe, by its label."""
     import dcnb
 
     tried = [(naive, [], "naive")]
@@ -203,6 +220,7 @@ def _steps(name, row, session, naive, module, inputs, options, size, searched, s
         row |= _step_row(label, step, time.perf_counter() - start)
         if step.ok:
             tried.append((step, session.recipe, label))
+            made[label] = session.recipe
         report(row)
 
     kept = RECIPES / f"{name}.json"
@@ -223,6 +241,8 @@ def _steps(name, row, session, naive, module, inputs, options, size, searched, s
             step = session.apply(entry["name"], where=entry.get("where"), **entry.get("options", {}))
             if not step.ok:
                 break
+        if step.ok:
+            made["best"] = recipe
         return row | _step_row("best", step, time.perf_counter() - start)
     if recipe is not None and _offered(recipe, device):
         start = time.perf_counter()
@@ -231,6 +251,8 @@ def _steps(name, row, session, naive, module, inputs, options, size, searched, s
         except dcnb.DcnbError as e:
             return row | {"best_ok": False, "best_error": str(e).splitlines()[0][:200]}
         row |= {"best_recipe": str(kept.relative_to(ROOT))} | _step_row("best", best, time.perf_counter() - start)
+        if best.ok:
+            made["best"] = recipe
         return row
     if warm:
         return row
@@ -247,7 +269,7 @@ def _steps(name, row, session, naive, module, inputs, options, size, searched, s
 
 
 def _searched(args: argparse.Namespace) -> tuple[tuple[str, ...], ...]:
-    return tuple(recipe for recipe in SEARCHED if "+".join(recipe) in args.searched)
+    return tuple(tuple(recipe.split("+")) for recipe in args.searched)
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -255,7 +277,7 @@ def _child(args: argparse.Namespace) -> None:
     row = measure(
         args.child, args.batch, args.budget, args.save_recipes, args.device, bool(args.warm), tuple(args.baselines),
         args.size, args.layers, _searched(args), args.training,
-        report=lambda row: print("PARTIAL " + json.dumps(row), flush=True),
+        report=lambda row: print("PARTIAL " + json.dumps(row), flush=True), together=args.together,
     )
     print("MODEL " + json.dumps(row), flush=True)
 
@@ -272,6 +294,8 @@ def _command(name: str, args: argparse.Namespace, warm: bool) -> list[str]:
         command.append("--save-recipes")
     if args.training:
         command.append("--training")
+    if args.together and not warm:
+        command += ["--together", str(args.together)]
     return command
 
 
@@ -417,7 +441,9 @@ def main() -> None:
     )
     parser.add_argument("--layers", type=int, help="full size: a transformer stack's depth (default: the model's)")
     parser.add_argument("--searched", nargs="*", default=["+".join(r) for r in SEARCHED],
-                        choices=["+".join(r) for r in SEARCHED], help="the steps tried from the naive one")
+                        help="the steps tried from the naive one, each its actions joined by + (a+b)")
+    parser.add_argument("--together", type=float, default=0.0, metavar="SECONDS",
+                        help="then every step made, eager and torch.compile in one interleaved run of SECONDS")
     parser.add_argument("--training", action="store_true", help="the steps in training mode (default: eval)")
     parser.add_argument("--timeout", type=float, help="seconds after which a model's run is stopped")
     parser.add_argument("--list", action="store_true", help="list the models of --size, one JSON line each")

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from common import print_result
+from common import print_result, time_together
 
 
 def main() -> None:
@@ -128,7 +128,7 @@ def main() -> None:
         replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=known[0])
         kept_vs_eager = None if replayed.current.speedup() is None else round(replayed.current.speedup(), 3)
         built["kept_recipe"] = replayed.module
-    together = _together(session, *searched, built, args.together) if args.together else {}
+    together = time_together(session, *searched, built, args.together) if args.together else {}
     best_vs_eager = None if session.current.speedup() is None else round(session.current.speedup(), 3)
     over = together.get("together_time_over_eager", {})
     if "search" in over:  # the two from one interleaved run, not from runs minutes apart
@@ -196,41 +196,6 @@ def _search_together(result, auto) -> dict:
         }
         for name, c in named.items()
         if c is not None and c.together is not None
-    }
-
-
-def _together(session, module, inputs, kwargs, built: dict, seconds: float) -> dict:
-    """The compiled modules ``built`` (the search's best, the kept recipe's), ``auto_optimize`` replayed from the
-    naive step of the searched ``module`` (its builds in the cache), eager and torch.compile, in one interleaved run
-    of ``seconds`` on the search's example call: each one's median, and the ratios of dcnb's to eager's and to
-    torch.compile's (below 1 faster)."""
-    import torch
-
-    import dcnb
-    from dcnb._src import timing, verify
-
-    modules = {"eager": module, "torch_compile": torch.compile(module), **built}
-    failed = {}
-    try:
-        replayed = dcnb.replay(module, *inputs, kwargs=kwargs, recipe=[{"name": "auto_optimize"}], baselines=(),
-                               time_budget=0.0)
-        modules["auto_optimize"] = replayed.module
-    except dcnb.DcnbError as e:
-        failed["auto_optimize"] = str(e).splitlines()[0][:200]
-    calls = {name: session._baselines.call(m) for name, m in modules.items()}
-    # at least 8 rounds: 3 (20 s of the BERT encoder's 1.5-s calls) ranked the search's best and auto_optimize 17%
-    # apart, where 8 and 9 rounds of each put them within 0.3%
-    with verify.preserved(module, session.training):
-        times = timing.interleaved(calls, budget_s=seconds, warmup=1, min_runs=8)
-    eager, compiled = times["eager"].median, times["torch_compile"].median
-    dcnbs = [name for name in modules if name not in ("eager", "torch_compile")]
-    return {
-        "together_ms": {name: round(t.median, 3) for name, t in times.items()},
-        "together_time_over_eager": {name: round(times[name].median / eager, 3) for name in dcnbs},
-        "together_time_over_torch_compile": {name: round(times[name].median / compiled, 3) for name in dcnbs},
-        "together_runs": min(t.runs for t in times.values()),
-        "together_noisy": [name for name, t in times.items() if t.spread is not None and t.spread > timing.NOISY_SPREAD],
-        **({"together_failed": failed} if failed else {}),
     }
 
 
