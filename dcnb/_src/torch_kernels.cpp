@@ -35,6 +35,12 @@ at::Tensor given_or_empty(const void* data, int64_t dims, const int64_t* shape, 
                 : at::empty(at::IntArrayRef(shape, dims), options(is_double).memory_format(format));
 }
 
+// whether a 4-d operand is laid out channels-last (the channels_last action's images), not merely both ways (an
+// image of one pixel)
+bool channels_last(const at::Tensor& t) {
+    return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
 // where ATen refuses (it should not: the expansion checked what it takes), the outputs become NaN, which the check
 // against PyTorch then reports, and the reason goes to stderr
 void failed(const char* what, std::initializer_list<at::Tensor> outputs) {
@@ -55,6 +61,9 @@ void dcnb_torch_conv(int is_double, int64_t rank, const int64_t* x_shape, const 
     auto Y = wrap(y, rank + 2, y_shape, y_strides, is_double);
     try {
         auto X = wrap(x, rank + 2, x_shape, x_strides, is_double);
+        // an input of PyTorch's layout into a channels-last image (a network's first convolution): ATen picks its
+        // kernel by the input's layout, and the copy costs less than computing (N, C, H, W) and transposing it
+        if (channels_last(Y) && !channels_last(X)) X = X.contiguous(at::MemoryFormat::ChannelsLast);
         auto W = wrap(w, rank + 2, w_shape, w_strides, is_double);
         std::optional<at::Tensor> B;
         const int64_t one = 1;
@@ -80,13 +89,17 @@ void dcnb_torch_conv_backward(int is_double, int64_t rank, const int64_t* x_shap
     if (db) DB = wrap(db, 1, w_shape, &one, is_double);
     try {
         // depthwise: oneDNN's backward over channels-last operands (as eager's ConvNeXt-T hands it its permute's
-        // output) took eager 16.6 ms against 42.6 over contiguous ones (8x96x56x56, 7x7); the copies cost less
-        const bool channels_last = rank == 2 && groups > 1 && groups == x_shape[1];
-        const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+        // output) took eager 16.6 ms against 42.6 over contiguous ones (8x96x56x56, 7x7); the copies cost less. So
+        // where one image is channels-last and the other not (ResNet-50's first convolution, whose input is the
+        // model's, 8x3x224x224: 131 ms backward computed (N, C, H, W) from a channels-last gradient)
+        auto DY = wrap(dy, rank + 2, y_shape, y_strides, is_double);
+        const bool depthwise = rank == 2 && groups > 1 && groups == x_shape[1];
+        const bool last = depthwise || channels_last(DY) ||
+                          (x && channels_last(wrap(x, rank + 2, x_shape, x_strides, is_double)));
+        const auto format = last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
         auto X = given_or_empty(x, rank + 2, x_shape, x_strides, is_double, format);
         auto W = given_or_empty(w, rank + 2, w_shape, w_strides, is_double);
-        auto DY = wrap(dy, rank + 2, y_shape, y_strides, is_double);
-        if (channels_last) {
+        if (last) {
             if (x) X = X.contiguous(format);  // (an unread placeholder is made so, not copied)
             DY = DY.contiguous(format);
         }

@@ -28,7 +28,7 @@ from ..errors import check
 from ..fixes import registry
 from ..passes import auto_optimize, cuda_build
 from ..passes.simplify import simplify
-from . import algebra, matching, rows, shared_values, tuners, vectorize
+from . import algebra, layout, matching, rows, shared_values, tuners, vectorize
 from .matching import Where
 
 
@@ -404,6 +404,23 @@ register(
         places=_each(tuners.permutation_places),
         options=("order",),
         why_not=tuners.permutation_reasons,
+        devices=("cpu",),
+    )
+)
+
+
+# --- layout -----------------------------------------------------------------------------------------------------
+
+register(
+    Action(
+        "channels_last",
+        "Store the images around the convolutions channels-last (NHWC) in the forward and the backward: PyTorch's "
+        "convolutions then run their channels-last kernels, BatchNorm and elementwise maps go over rows of channels.",
+        before_autodiff=True,
+        count=lambda sdfg, where, options: len(layout.images(sdfg, where)),
+        run=lambda sdfg, where, options, device: layout.apply(sdfg, where),
+        places=_each(lambda sdfg, where, options: layout.images(sdfg, where)),
+        # the convolutions channels-last are PyTorch's CPU kernels (fixes/conv.py); cuDNN's are not measured so
         devices=("cpu",),
     )
 )

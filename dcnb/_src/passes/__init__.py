@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import dace
 
-from . import schedule, simd_loops, tasklet_code, vecmath
+from . import memory_order, schedule, simd_loops, tasklet_code, vecmath
 from . import after_autodiff, before_autodiff, broadcast_sums, cuda_build, gradient_writes, lifetimes, on_import
 
 SIDES = ("forward", "backward")
@@ -64,6 +64,7 @@ CPU_BUILD = (
     Pass(tasklet_code.declarations_in_order),
     Pass(lifetimes.scratch_once_per_binary),
     Pass(vecmath.install),
+    Pass(memory_order.apply),
     Pass(schedule.apply),
     Pass(simd_loops.apply),
     Pass(schedule.iteration_sums),

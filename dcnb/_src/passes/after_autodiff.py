@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 import dace
 import networkx as nx
+from dace import subsets
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.properties import CodeBlock
 from dace.sdfg import nodes
@@ -86,7 +87,11 @@ def accumulate_nested_gradients(sdfg: dace.SDFG) -> int:
                 target, subset = edge.data.data, edge.data.subset
                 sizes = subset.size()
                 dtype = sdfg.arrays[target].dtype
-                tmp, _ = sdfg.add_transient(f"{target}_part", sizes, dtype, find_new_name=True)
+                # a temporary of the whole gradient is laid out as it (a rule's nested SDFG writes it with the
+                # gradient's strides: channels-last images)
+                whole = subset.covers(subsets.Range.from_array(sdfg.arrays[target]))
+                strides = sdfg.arrays[target].strides if whole else None
+                tmp, _ = sdfg.add_transient(f"{target}_part", sizes, dtype, strides=strides, find_new_name=True)
                 tmp_node = state.add_access(tmp)
                 # a rule may write only part of it (or add into it); an ONNX op, or a rule that writes all of it
                 # (once its only writer writes instead of adding: into a fresh temporary, the same), needs no zeroing

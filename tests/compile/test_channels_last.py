@@ -1,0 +1,100 @@
+"""The channels_last action (actions/layout.py): the images around a network's convolutions stored channels-last in
+the forward and the backward, PyTorch's convolutions called over them as such, BatchNorm's loops going over rows of
+channels (fixes/normalization.py), and every step still what PyTorch computes: outputs, gradients and running
+statistics."""
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import dcnb
+from dcnb._src import torch_kernels
+from dcnb._src.actions.layout import channels_last_strides
+from tests.cpu_sources import cpu_source
+
+pytestmark = pytest.mark.compile
+
+
+class _Block(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(x + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+
+
+class _Net(nn.Module):
+    """ResNet's parts: a strided stem, BatchNorm, ReLU, max pooling, residual blocks, average pooling, a depthwise
+    convolution at stride 2 (MobileNet's), global pooling, a classifier."""
+
+    def __init__(self, channels: int = 16):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, stride=2, padding=1)
+        self.bn = nn.BatchNorm2d(channels)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.blocks = nn.Sequential(_Block(channels), _Block(channels))
+        self.average = nn.AvgPool2d(3, stride=1, padding=1)
+        self.depthwise = nn.Conv2d(channels, channels, 3, stride=2, padding=1, groups=channels)
+        self.fc = nn.Linear(channels, 10)
+
+    def forward(self, x):
+        x = self.depthwise(self.average(self.blocks(self.pool(torch.relu(self.bn(self.stem(x)))))))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _source(session, side: str) -> str:
+    runner = session._states[-1].runner
+    return cpu_source(runner.forward_binary if side == "forward" else runner.backward_binary)
+
+
+def _channels_last(desc) -> bool:
+    return tuple(int(s) for s in desc.strides) == channels_last_strides(tuple(int(n) for n in desc.shape))
+
+
+@pytest.mark.parametrize(
+    "training, dtype", [(True, torch.float32), (True, torch.float64), (False, torch.float32)],
+    ids=["training", "training-float64", "eval"],
+)
+def test_the_images_around_the_convolutions_are_channels_last_and_every_result_is_pytorchs(training, dtype):
+    torch.manual_seed(0)
+    module = _Net().to(dtype).train(training)
+    session = dcnb.optimize(module, torch.randn(2, 3, 64, 64, dtype=dtype), baselines=(), time_budget=0.01,
+                            training=training)
+    (offered,) = [a for a in session.actions() if a.name == "channels_last"]
+    # the stem's, BatchNorm's and ReLU's outputs, the pooled image, each block's seven (two convolutions', two
+    # BatchNorms', two ReLUs', the sum), the average pooling's; not the depthwise convolution's 8x8 output (fewer
+    # pixels than MIN_PIXELS)
+    assert offered.matches == 4 + 7 * 2 + 1
+    step = session.apply("channels_last")
+    assert step.ok and step.check.ok, step.error
+    labels = {"output", "grad stem.weight", "grad blocks.1.conv1.weight", "grad bn.weight", "grad depthwise.weight"}
+    if training:
+        labels |= {"buffer bn.running_mean", "buffer blocks.0.bn2.running_var"}
+    assert labels <= set(step.check.errors), step.check.errors
+
+    images = [d for s in (session.forward_sdfg, session.backward_sdfg) for d in s.arrays.values() if len(d.shape) == 4]
+    assert sum(map(_channels_last, images)) >= 2 * offered.matches  # each image and its gradient
+    # the inputs and what leaves for PyTorch keep its layout
+    assert not _channels_last(session.forward_sdfg.arrays["x"])
+    if torch_kernels.library() is not None:
+        code = _source(session, "forward")
+        strides = ", ".join(map(str, channels_last_strides((2, 16, 16, 16))))
+        assert re.search(rf"dcnb_torch_conv\(.*\{{{strides}\}}", code)
+    if training:
+        # BatchNorm's sums go over rows of channels, a block of channels in vector lanes at a time
+        assert "_acc_s_x" in _source(session, "forward") and "_acc_s_dy" in _source(session, "backward")
+
+
+def test_a_network_without_convolutions_has_nothing_to_lay_out():
+    session = dcnb.optimize(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(4, 8), baselines=(),
+                            time_budget=0.01)
+    (offered,) = [a for a in session.actions() if a.name == "channels_last"]
+    assert offered.matches == 0
+    step = session.apply("channels_last")
+    assert not step.ok and "channels_last matches nothing" in step.error
