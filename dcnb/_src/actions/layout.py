@@ -24,6 +24,8 @@ from dace import data as dt
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
 
+from ..fixes.cpp import channels_last, channels_last_strides
+from ..fixes.library_nodes import concrete
 from .matching import Where
 
 #: ONNX ops whose expansions and backward rules (DaCe's programs of maps, dcnb's C++ loops) index every array
@@ -49,18 +51,6 @@ _STRIDED_OPS = {
 #: the slower (forward+backward, batch 8, PyTorch's own kernels, an Intel Xeon's 2 cores: 0.53-0.81x the (N, C, H, W)
 #: time over 56x56 and 28x28 images, 0.96-1.0x over 14x14, 1.0-1.7x over 7x7: ResNet-50's last stage)
 MIN_PIXELS = 14 * 14
-
-
-def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a dense (N, C, spatial...) array with its channels innermost."""
-    channels = shape[1]
-    strides = [0] * len(shape)
-    strides[1] = 1
-    step = channels
-    for d in reversed([0, *range(2, len(shape))]):
-        strides[d] = step
-        step *= shape[d]
-    return tuple(strides)
 
 
 def images(sdfg: dace.SDFG, where: Where) -> list[nodes.AccessNode]:
@@ -107,10 +97,10 @@ def _strided(sdfg: dace.SDFG) -> set[str]:
         if type(desc) is dt.Array
         and desc.transient
         and len(desc.shape) >= 3
-        and all(isinstance(n, int) or (hasattr(n, "is_Integer") and n.is_Integer) for n in desc.shape)
+        and concrete(desc)
         and int(desc.shape[1]) > 1
         and math.prod(int(n) for n in desc.shape[2:]) >= MIN_PIXELS
-        and tuple(int(s) for s in desc.strides) != channels_last_strides(tuple(int(n) for n in desc.shape))
+        and not channels_last(desc)
     }
     for state in sdfg.states():
         for node in state.data_nodes():

@@ -12,7 +12,6 @@ for the next, and so drops elements (ReLU6's gradient was 0 for some inputs in r
 from __future__ import annotations
 
 import copy
-import math
 
 import dace
 import dace.autodiff.utils as autodiff_utils
@@ -32,16 +31,22 @@ def contiguous(desc: dt.Data) -> bool:
     return all(int(a) == b for a, b in zip(desc.strides, expected))
 
 
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a dense (N, C, spatial...) array with its channels innermost: element (n, c, s...) at
+    row * C + c, its rows the (n, s...) in order (the ``channels_last`` action's layout; an (N, C) array's own)."""
+    strides = [0] * len(shape)
+    strides[1], step = 1, shape[1]
+    for d in reversed([0, *range(2, len(shape))]):
+        strides[d] = step
+        step *= shape[d]
+    return tuple(strides)
+
+
 def channels_last(desc: dt.Data) -> bool:
-    """Whether an (N, C, spatial...) array is dense and channels-last: element (n, c, s...) at row * C + c, its rows
-    the (n, s...) in order (the ``channels_last`` action's layout; an (N, C) array's own)."""
+    """Whether an (N, C, spatial...) array is laid out by ``channels_last_strides``."""
     if isinstance(desc, dt.Scalar) or len(desc.shape) < 2:
         return False
-    shape, strides = [int(n) for n in desc.shape], [int(n) for n in desc.strides]
-    others = [0, *range(2, len(shape))]
-    return strides[1] == 1 and all(
-        strides[d] == shape[1] * math.prod(shape[e] for e in others[i + 1 :]) for i, d in enumerate(others)
-    )
+    return tuple(int(s) for s in desc.strides) == channels_last_strides(tuple(int(n) for n in desc.shape))
 
 
 def offset(desc: dt.Data, index: list[str]) -> str:

@@ -15,7 +15,6 @@ at code generation in (n, c, h, w) order, took 257 ms of a 1405 ms step at 4x3x2
 from __future__ import annotations
 
 import dace
-import sympy
 from dace import dtypes, subsets
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
@@ -24,6 +23,7 @@ from dace.transformation.onnx.optimize import expand_onnx_nodes
 from .. import dace_internals
 from ..fixes.cpp import channels_last, contiguous
 from .schedule import _inside_map
+from .simd_loops import step
 
 
 def apply(sdfg: dace.SDFG) -> int:
@@ -70,17 +70,9 @@ def _contiguous_along(state: dace.SDFGState, entry: nodes.MapEntry, body: list) 
     # (judged first: every CPU build asks of every map, and the offsets below are sympy's work)
     if not any(_channels_last(state.sdfg.arrays[e.data.data]) for e in edges):
         return None
-    steps = {p: set() for p in entry.map.params}
-    for edge in edges:
-        desc = state.sdfg.arrays[edge.data.data]
-        if edge.data.subset.num_elements() != 1:
-            return None
-        offset = sympy.sympify(sum(i * s for i, s in zip(edge.data.subset.min_element(), desc.strides)))
-        # by name: the memlet's symbols are DaCe's, which compare unequal to a plain sympy symbol of the same name
-        symbols = {str(s): s for s in offset.free_symbols}
-        for param, seen in steps.items():
-            moved = symbols.get(param)
-            seen.add(0 if moved is None else sympy.expand(offset.subs(moved, moved + 1) - offset))
+    if any(e.data.subset.num_elements() != 1 for e in edges):
+        return None
+    steps = {p: {step(e.data, state.sdfg.arrays[e.data.data], p) for e in edges} for p in entry.map.params}
     found = [p for p, seen in steps.items() if seen <= {0, 1} and 1 in seen]
     return found[0] if len(found) == 1 else None
 

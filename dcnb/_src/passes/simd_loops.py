@@ -92,12 +92,15 @@ def _along(memlet: dace.Memlet, sdfg: dace.SDFG, param: str) -> bool:
     desc = sdfg.arrays[memlet.data]
     if desc.total_size == 1:  # a scalar, or an iteration's one-element array
         return True
-    if memlet.subset.num_elements() != 1:
-        return False
+    return memlet.subset.num_elements() == 1 and step(memlet, desc, param) in (0, 1)
+
+
+def step(memlet: dace.Memlet, desc: dace.data.Data, param: str):
+    """How many elements the one element ``memlet`` moves (in ``desc``'s strides) as ``param`` grows by one."""
     offset = sympy.sympify(sum(i * s for i, s in zip(memlet.subset.min_element(), desc.strides)))
     # by name: the memlet's symbols are DaCe's, which compare unequal to a plain sympy symbol of the same name
     moved = {str(s): s for s in offset.free_symbols}.get(param)
-    return moved is None or sympy.expand(offset.subs(moved, moved + 1) - offset) in (0, 1)
+    return 0 if moved is None else sympy.expand(offset.subs(moved, moved + 1) - offset)
 
 
 def _split_last(state: dace.SDFGState, entry: nodes.MapEntry, exit_: nodes.MapExit) -> None:
