@@ -87,8 +87,50 @@ def test_the_images_around_the_convolutions_are_channels_last_and_every_result_i
         strides = ", ".join(map(str, channels_last_strides((2, 16, 16, 16))))
         assert re.search(rf"dcnb_torch_conv\(.*\{{{strides}\}}", code)
     if training:
-        # BatchNorm's sums go over rows of channels, a block of channels in vector lanes at a time
-        assert "_acc_s_x" in _source(session, "forward") and "_acc_s_dy" in _source(session, "backward")
+        # BatchNorm's sums go over rows of channels, into partial sums per chunk of rows
+        assert "_part_s_x" in _source(session, "forward") and "_part_s_dy" in _source(session, "backward")
+
+
+class _Depthwise(nn.Module):
+    """MobileNet's and EfficientNet's depthwise convolutions: at stride 2 behind an explicit pad (Hugging Face's
+    TensorFlow padding; replicated here, as the export folds zeros into the convolution), dilated with a bias,
+    5x5; then EfficientNet's squeeze-and-excitation (global pooling, a gate per channel)."""
+
+    def __init__(self, channels: int = 8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+        self.strided = nn.Conv2d(channels, channels, 3, stride=2, groups=channels, bias=False)
+        self.dilated = nn.Conv2d(channels, channels, 3, padding=2, dilation=2, groups=channels)
+        self.wide = nn.Conv2d(channels, channels, 5, padding=2, groups=channels)
+        self.head = nn.Conv2d(channels, 4, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.stem(x)))
+        x = torch.relu(self.strided(nn.functional.pad(x, (0, 1, 0, 1), mode="replicate")))
+        x = self.wide(torch.relu(self.dilated(x)) + x)
+        return self.head(x * torch.sigmoid(nn.functional.adaptive_avg_pool2d(x, 1)))
+
+
+@pytest.mark.parametrize("training, dtype", [(True, torch.float64), (False, torch.float32)], ids=["training", "eval"])
+def test_depthwise_convolutions_over_channels_last_images_go_over_pixels_of_channels(training, dtype):
+    torch.manual_seed(0)
+    module = _Depthwise().to(dtype).train(training)
+    session = dcnb.optimize(module, torch.randn(2, 3, 34, 34, dtype=dtype), baselines=(), time_budget=0.01,
+                            training=training)
+    step = session.apply("channels_last")
+    assert step.ok and step.check.ok, step.error
+    assert {"output", "grad strided.weight", "grad dilated.weight", "grad dilated.bias", "grad stem.weight"} <= set(
+        step.check.errors
+    )
+    # the pad's output, which the strided convolution reads, is laid out too
+    padded = [d for d in session.forward_sdfg.arrays.values() if tuple(int(n) for n in d.shape) == (2, 8, 35, 35)]
+    assert padded and all(map(_channels_last, padded))
+    # the convolutions no library takes (stride 2, dilated) loop over pixels, a vector loop over their channels, as
+    # does the global pooling
+    for side in ("forward", "backward"):
+        assert "_taps[" in _source(session, side), side
+    assert "_part[" in _source(session, "backward") and "_sums[c] +=" in _source(session, "forward")
 
 
 def test_a_network_without_convolutions_has_nothing_to_lay_out():

@@ -6,6 +6,7 @@ import dace
 from dace.sdfg import nodes
 
 from dcnb._src.actions.layout import channels_last_strides
+from dcnb._src.fixes.cpp import memory_loops
 from dcnb._src.passes import memory_order
 
 SHAPE = (2, 8, 5, 6)
@@ -60,3 +61,14 @@ def test_an_array_broadcast_along_the_channels_does_not_stop_it():
     last = channels_last_strides(SHAPE)
     sdfg = _scale(last, last, read="a[n, 0, h, w]")
     assert memory_order.apply(sdfg) == 1 and _params(sdfg) == ["n", "h", "w", "c"]
+
+
+def test_loops_written_in_memory_order_put_the_channels_of_a_channels_last_image_innermost():
+    sdfg = _scale(channels_last_strides(SHAPE), None)
+    head, _ = memory_loops(["n", "c", "h", "w"], sdfg.arrays["a"])
+    assert [line.split()[3] for line in head.splitlines()] == ["n", "h", "w", "c"]
+    head, _ = memory_loops(["n", "c", "h", "w"], sdfg.arrays["b"])
+    assert [line.split()[3] for line in head.splitlines()] == ["n", "c", "h", "w"]
+    symbolic = dace.data.Array(dace.float32, (dace.symbol("N"), 8), strides=(1, dace.symbol("N")))
+    head, _ = memory_loops(["i", "j"], symbolic)  # strides unknown until run: the shape's order
+    assert [line.split()[3] for line in head.splitlines()] == ["i", "j"]

@@ -29,7 +29,7 @@ from ..fixes.library_nodes import concrete
 from .matching import Where
 
 #: ONNX ops whose expansions and backward rules (DaCe's programs of maps, dcnb's C++ loops) index every array
-#: through its strides; pooling's loops too, though a plane at a time
+#: through its strides
 _STRIDED_OPS = {
     "Conv",
     "BatchNormalization",
@@ -44,6 +44,8 @@ _STRIDED_OPS = {
     "Mul",
     "MaxPool",
     "AveragePool",
+    "Pad",
+    "GlobalAveragePool",
 }
 
 

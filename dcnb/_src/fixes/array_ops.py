@@ -26,6 +26,7 @@ from .cpp import (
     forward_in,
     forward_out,
     loops,
+    memory_loops,
     offset,
     zero,
 )
@@ -230,7 +231,7 @@ def _gather_loops(source: Source, node, state, sdfg, x: dt.Data, y: dt.Data, ins
     ``X[xi]`` through ``yi`` and ``xi``), ``outside`` where it does not."""
     index = [f"o{d}" for d in range(len(y.shape))]
     prelude, read, condition = source(node, state, sdfg, x, y, index)
-    head, tail = loops(index, y.shape)
+    head, tail = memory_loops(index, y)
     body = prelude + f"const long long yi = {offset(y, index)};\n"
     if condition is None:
         return head + body + f"const long long xi = {offset(x, read)};\n" + inside + tail

@@ -21,6 +21,8 @@ from dace.transformation.transformation import ExpandTransformation
 from .. import gpu_libs, torch_kernels
 from .cpp import (
     at,
+    channels_last,
+    chunk_total,
     cpp_backward,
     cpp_expansion,
     cpp_tasklet,
@@ -31,6 +33,8 @@ from .cpp import (
     loops,
     offset,
     parallel_for,
+    row_chunks,
+    simd,
     zero,
 )
 from .library_nodes import (
@@ -115,6 +119,85 @@ def _conv_loops(
         + after
         + tail
     )
+
+
+def _depthwise_rows(conv, x: dt.Data, w: dt.Data, y: dt.Data) -> bool:
+    """Whether a convolution is depthwise (a channel of weights per channel) over images both laid out
+    channels-last, where its loops go over pixels with the channels innermost (``_depthwise_rows_code``)."""
+    channels = int(x.shape[1])
+    depthwise = (conv.group or 1) == channels == int(w.shape[0]) and int(w.shape[1]) == 1
+    return depthwise and channels_last(x) and channels_last(y)
+
+
+def _depthwise_rows_code(conv, x: dt.Data, w: dt.Data, y: dt.Data, wanted: list[str], bias: dt.Data | None) -> str:
+    """C++ of a depthwise convolution over channels-last images (``_depthwise_rows``): forward (``wanted`` empty)
+    or the gradients ``wanted``. Each pixel's channels are one run of memory, so every loop over them is a vector
+    loop: the planes' loops read each element C apart. The weights are copied tap by tap, channels innermost."""
+    rank = len(x.shape) - 2
+    strides, pads, dilations = _window(conv, x, w)
+    channels, ctype = int(x.shape[1]), x.dtype.ctype
+    kernel = [int(k) for k in w.shape[2:]]
+    taps = math.prod(kernel)
+    out, image, ks = _spatial("o", rank), _spatial("i", rank), _spatial("k", rank)
+    tap = " + ".join(f"{k} * {math.prod(kernel[d + 1:])}" for d, k in enumerate(ks))
+    over_taps, taps_end = loops(ks, kernel)
+    each = lambda code: simd() + f"for (long long c = 0; c < {channels}; ++c) {{ {code} }}\n"
+    row = lambda name, desc, spatial: f"&{at(name, desc, ['b', '0', *spatial])}"
+    # an output pixel's tap reads the input pixel i = o * stride - pad + k * dilation, where there is one
+    read = "".join(
+        f"const long long {i} = {o} * {s} - {p} + {k} * {d};\n"
+        for i, o, k, s, p, d in zip(image, out, ks, strides, pads, dilations)
+    )
+    read += "if (" + " || ".join(f"{i} < 0 || {i} >= {n}" for i, n in zip(image, x.shape[2:])) + ") continue;\n"
+    table = ""
+    if "X" in wanted or not wanted:  # the forward and the input's gradient read the weights
+        head, tail = loops(["c", *ks], [channels, *kernel])
+        table = f"{ctype}* _taps = new {ctype}[{taps * channels}];\n"
+        table += head + f"_taps[({tap}) * {channels} + c] = {at('W', w, ['c', '0', *ks])};\n" + tail
+    if not wanted:
+        head, tail = loops(["b", *out], [y.shape[0], *y.shape[2:]])
+        body = parallel_for(collapse=2) + head + f"{ctype}* _y = {row('Y', y, out)};\n"
+        body += each(f"_y[c] = {'B[c * ' + str(bias.strides[0]) + ']' if bias is not None else '0'};")
+        body += over_taps + read
+        body += f"const {ctype}* _x = {row('X', x, image)};\nconst {ctype}* _w = &_taps[({tap}) * {channels}];\n"
+        return table + body + each("_y[c] += _w[c] * _x[c];") + taps_end + tail + "delete[] _taps;\n"
+    body = ""
+    if "X" in wanted:
+        # each input pixel gathers the output pixels it was read by: no two threads add into one element
+        found = "".join(
+            f"const long long _t{d} = {i} + {p} - {k} * {dil};\n"
+            f"if (_t{d} < 0 || _t{d} % {s} != 0 || _t{d} / {s} >= {n}) continue;\n"
+            f"const long long {o} = _t{d} / {s};\n"
+            for d, (i, o, k, s, p, dil, n) in enumerate(zip(image, out, ks, strides, pads, dilations, y.shape[2:]))
+        )
+        head, tail = loops(["b", *image], [x.shape[0], *x.shape[2:]])
+        body += table + parallel_for(collapse=2) + head + f"{ctype}* _dx = {row('X_grad', x, image)};\n"
+        body += each("_dx[c] = 0;") + over_taps + found
+        body += f"const {ctype}* _dy = {row('Y_grad', y, out)};\nconst {ctype}* _w = &_taps[({tap}) * {channels}];\n"
+        body += each("_dx[c] += _w[c] * _dy[c];") + taps_end + tail + "delete[] _taps;\n"
+    if "W" in wanted or "B" in wanted:
+        # over rows (b, o0) of output pixels, partial sums per chunk of rows: each tap's, then the bias's
+        size = (taps + 1) * channels
+        row_head, row_tail, chunks = row_chunks(int(y.shape[0]) * int(y.shape[2]), size)
+        body += row_head + f"const long long b = _r / {y.shape[2]}, {out[0]} = _r % {y.shape[2]};\n"
+        head, tail = loops(out[1:], y.shape[3:])
+        body += head + f"const {ctype}* _dy = {row('Y_grad', y, out)};\n"
+        if "B" in wanted:
+            body += each(f"_s[{taps * channels} + c] += _dy[c];")
+        if "W" in wanted:
+            body += over_taps + read
+            body += f"const {ctype}* _x = {row('X', x, image)};\ndouble* _sw = _s + ({tap}) * {channels};\n"
+            body += each("_sw[c] += (double)_dy[c] * _x[c];") + taps_end
+        body += tail + row_tail
+        if "W" in wanted:
+            head, tail = loops(["c", *ks], [channels, *kernel])
+            total = chunk_total("_t", chunks, size, f"({tap}) * {channels} + c")
+            body += head + total + f"{at('W_grad', w, ['c', '0', *ks])} = _t;\n" + tail
+        if "B" in wanted:
+            total = chunk_total("_t", chunks, size, f"{taps * channels} + c")
+            body += f"for (long long c = 0; c < {channels}; ++c) {{\n{total}B_grad[c * {bias.strides[0]}] = _t;\n}}\n"
+        body += "delete[] _part;\n"
+    return body
 
 
 def _conv_transpose_loops(node, x: dt.Data, w: dt.Data, y: dt.Data, per_input: str, inner: str, after: str = ""):
@@ -382,6 +465,10 @@ def _conv_loops_sdfg(conv, state, sdfg) -> dace.SDFG:
         y = arrays["Y"]
         if _uses_gemm(conv, x):
             return _conv_gemm_expansion(nsdfg, conv, x, w, y, "B" in inputs)
+        if _depthwise_rows(conv, x, w, y) and on_cpu(conv, state, sdfg):
+            body = _depthwise_rows_code(conv, x, w, y, [], arrays.get("B") if "B" in inputs else None)
+            cpp_tasklet(nsdfg, f"{conv.label}_tasklet", inputs, outputs, body)
+            return nsdfg
         body = _conv_loops(
             conv,
             x,
@@ -397,6 +484,10 @@ def _conv_loops_sdfg(conv, state, sdfg) -> dace.SDFG:
     wanted = [n.removesuffix("_grad") for n in outputs]
     if _uses_gemm(conv, x):
         _conv_gemm_backward(nsdfg, conv, x, w, y, wanted)
+        return nsdfg
+    if _depthwise_rows(conv, x, w, y) and on_cpu(conv, state, sdfg):
+        body = _depthwise_rows_code(conv, x, w, y, wanted, arrays.get("B_grad"))
+        cpp_tasklet(nsdfg, f"{conv.label}_backward", inputs, outputs, body)
         return nsdfg
     body = "".join(zero(f"{n}_grad", arrays[f"{n}_grad"]) for n in wanted)
     per_output = f"const auto dy = {_element('Y_grad', y, ['b', 'oc'], 'o')};\n"

@@ -66,11 +66,44 @@ def loops(variables: list[str], sizes: list) -> tuple[str, str]:
     return head, "}\n" * len(variables)
 
 
+def memory_loops(variables: list[str], desc: dt.Data) -> tuple[str, str]:
+    """``loops`` over ``desc``'s elements (``variables`` index its dimensions in order), the dimension of the largest
+    stride outermost: over a channels-last image the channels innermost, where shape order read an element C apart
+    each step."""
+    try:
+        strides = [int(s) for s in desc.strides]
+    except TypeError:  # symbolic strides: shape order
+        return loops(variables, desc.shape)
+    order = sorted(range(len(desc.shape)), key=lambda d: -strides[d])
+    return loops([variables[d] for d in order], [desc.shape[d] for d in order])
+
+
 def parallel_for(collapse: int = 1) -> str:
     """A pragma spreading the loop after it (``collapse`` loops nested in it) over the CPU's threads; nothing in
     code built for a GPU."""
     clause = f" collapse({collapse})" if collapse > 1 else ""
     return f"#if defined(_OPENMP) && !defined(__CUDA_ARCH__)\n#pragma omp parallel for{clause}\n#endif\n"
+
+
+#: chunks of rows a sum over rows goes in (``row_chunks``)
+ROW_CHUNKS = 32
+
+
+def row_chunks(rows: int, size: int) -> tuple[str, str, int]:
+    """C++ opening and closing a parallel loop over ``rows`` in at most ``ROW_CHUNKS`` chunks (``_r`` each row, in
+    order within its chunk), each chunk adding into ``size`` partial sums of its own at ``_s`` (zeroed doubles of
+    ``_part``), and the number of chunks. Added up per chunk, then over the chunks in order (``chunk_total``), the
+    sums are the same on any number of threads. ``_part`` is the caller's to delete once totalled."""
+    chunks = min(rows, ROW_CHUNKS)
+    head = f"double* _part = new double[{chunks * size}]();\n" + parallel_for()
+    head += f"for (long long _p = 0; _p < {chunks}; ++_p) {{\ndouble* _s = _part + _p * {size};\n"
+    head += f"for (long long _r = _p * {rows} / {chunks}; _r < (_p + 1) * {rows} / {chunks}; ++_r) {{\n"
+    return head, "}\n}\n", chunks
+
+
+def chunk_total(name: str, chunks: int, size: int, at: str) -> str:
+    """C++ declaring the double ``name``, the sum over ``row_chunks``'s chunks, in order, of partial sum ``at``."""
+    return f"double {name} = 0;\nfor (long long _p = 0; _p < {chunks}; ++_p) {name} += _part[_p * {size} + {at}];\n"
 
 
 def simd(sums: tuple[str, ...] = ()) -> str:
@@ -191,7 +224,7 @@ def zero(name: str, desc: dt.Data) -> str:
     if isinstance(desc, dt.Scalar):
         return f"{name}[0] = 0;\n"
     variables = [f"__z{i}" for i in range(len(desc.shape))]
-    head, tail = loops(variables, desc.shape)
+    head, tail = memory_loops(variables, desc)
     return head + f"{at(name, desc, variables)} = 0;\n" + tail
 
 

@@ -16,6 +16,7 @@ from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 
 from .cpp import (
     channels_last,
+    chunk_total,
     cpp_backward,
     cpp_expansion,
     forward_in,
@@ -23,6 +24,7 @@ from .cpp import (
     loops,
     offset,
     parallel_for,
+    row_chunks,
     simd,
 )
 from .programs import parsed
@@ -153,19 +155,15 @@ def _dense_image(desc: dt.Data) -> bool:
     return all(strides[d] == strides[-1] * math.prod(shape[d + 1 :]) for d in range(2, len(shape)))
 
 
-#: channels a channels-last sum keeps in vector lanes at a time: a 64-byte cache line of floats
-_BLOCK = 16
-
-
 class _Channel:
     """C++ over the channels of a BatchNormalization's input ``x`` (N, C, spatial...) and output ``y``: ``[_i]``
     indexes an element of X (and of its gradient), ``[_o]`` of Y (and of its gradient), in their own strides, ``_c``
     is the channel. A channel's work is a sequence of parts, which ``code`` lays out: ``sum`` (a pass over its
     elements adding into doubles), ``scalars`` (per-channel values and outputs), ``each`` (a pass writing each
     element). Over (N, C, H, W) arrays the channels are spread over the threads, each channel's parts in turn; over
-    channels-last ones (NHWC) each pass reads every cache line once (a block of channels over all rows for a sum,
-    rows of channels for the elements): a channel's elements are C apart there, and a pass per channel read every
-    line C / 16 times."""
+    channels-last ones (NHWC) each pass reads the arrays once in memory order, rows of channels, a vector loop over
+    the channels (a sum into partial sums per chunk of rows): a channel's elements are C apart there, and a pass per
+    channel read every line C / 16 times."""
 
     def __init__(self, x: dt.Data, y: dt.Data):
         self.channels = int(x.shape[1])
@@ -271,18 +269,20 @@ class _Channel:
                 body += parallel_for() + f"for (long long _r = 0; _r < {rows}; ++_r) {{\n" + simd()
                 body += f"for (long long _c = 0; _c < {channels}; ++_c) {{\n{load}{self._elements(part[0])}\n}}\n}}\n"
                 continue
-            # a block of channels (a cache line of floats) per iteration of the parallel loop, its sums kept in
-            # vector lanes over all rows: every line read once, no partial sums to add up, the same order on any
-            # number of threads
+            # row by row (the array once, in memory order), a vector loop over the channels adding into the partial
+            # sums of the row's chunk; then each channel's chunks added in order
             sums, terms = part[0], part[1]
             arrays.extend(f"_sum_{s}" for s in sums)
-            lanes = f"long long _c = _b; _c < std::min(_b + {_BLOCK}LL, {channels}LL); ++_c"
-            body += parallel_for() + f"for (long long _b = 0; _b < {channels}; _b += {_BLOCK}) {{\n"
-            body += "".join(f"double _acc_{s}[{_BLOCK}] = {{0}};\n" for s in sums)
-            body += f"for (long long _r = 0; _r < {rows}; ++_r) {{\n" + simd() + f"for ({lanes}) {{\n{load}"
+            size = len(sums) * channels
+            head, tail, chunks = row_chunks(rows, size)
+            body += "{\n" + head + "".join(f"double* _part_{s} = _s + {k * channels};\n" for k, s in enumerate(sums))
+            body += simd() + f"for (long long _c = 0; _c < {channels}; ++_c) {{\n{load}"
             body += "".join(f"double {s} = 0;\n" for s in sums) + self._elements(terms) + "\n"
-            body += "".join(f"_acc_{s}[_c - _b] += {s};\n" for s in sums) + "}\n}\n"
-            body += f"for ({lanes}) {{\n" + "".join(f"_sum_{s}[_c] = _acc_{s}[_c - _b];\n" for s in sums) + "}\n}\n"
+            body += "".join(f"_part_{s}[_c] += {s};\n" for s in sums) + "}\n" + tail
+            body += parallel_for() + f"for (long long _c = 0; _c < {channels}; ++_c) {{\n"
+            for k, s in enumerate(sums):
+                body += "{\n" + chunk_total("_t", chunks, size, f"{k * channels} + _c") + f"_sum_{s}[_c] = _t;\n}}\n"
+            body += "}\ndelete[] _part;\n}\n"
             summed.extend(sums)
         body += per_channel("")  # the per-channel outputs
         allocated = "".join(f"double* {a} = new double[{channels}]();\n" for a in arrays)

@@ -10,10 +10,11 @@ import dace.autodiff.utils as autodiff_utils
 from dace import data as dt
 from dace.autodiff.base_abc import BackwardImplementation
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
+from dace.libraries.onnx.op_implementations.img_op_implementations import PureGlobalAveragePool
 from dace.properties import ListProperty, Property
 from dace.registry import autoregister_params
 from dace.sdfg import nodes
-from dace.sdfg.utils import in_desc_with_name
+from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
 from dace.transformation.transformation import ExpandTransformation
 
 from .. import gpu_libs
@@ -25,6 +26,7 @@ from .cpp import (
     loops,
     offset,
     parallel_for,
+    simd,
 )
 from .library_nodes import (
     backward_node,
@@ -35,7 +37,7 @@ from .library_nodes import (
     loops_on_gpu,
     shape,
 )
-from .registry import CHOOSE, choice, default_backward, on_gpu_host, pure_expansion
+from .registry import CHOOSE, choice, default_backward, on_cpu, on_gpu_host, pure_expansion
 
 
 def _pool_window(node, x: dt.Data) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -155,13 +157,43 @@ def _argmax_loops(node, x: dt.Data, y: dt.Data, use: str, zeroed: tuple[str, dt.
     kernel, strides, pads, dilations = _pool_window(node, x)
     rank = len(x.shape) - 2
     out, window, image = _spatial("o", rank), _spatial("k", rank), _spatial("i", rank)
-    head, tail = _planes(y, out, zeroed)
     window_head, window_tail = loops(window, kernel)
     positions = "".join(
         f"const long long {i} = {o} * {s} - {p} + {k} * {d};\n"
         for i, o, k, s, p, d in zip(image, out, window, strides, pads, dilations)
     )
     outside = " || ".join(f"{i} < 0 || {i} >= {size}" for i, size in zip(image, x.shape[2:]))
+    if channels_last(x) and channels_last(y) and (zeroed is None or channels_last(zeroed[1])):
+        # a pixel's windows compared a vector of channels at a time, each channel's choice kept in _best and _top
+        channels = int(y.shape[1])
+        over_channels = simd() + f"for (long long c = 0; c < {channels}; ++c) {{\n"
+        head = parallel_for() + f"for (long long b = 0; b < {y.shape[0]}; ++b) {{\n"
+        head += (_zero_image(*zeroed) if zeroed else "") + f"long long* _best = new long long[{channels}];\n"
+        head += f"double* _top = new double[{channels}];\n"
+        pixels, pixels_end = loops(out, y.shape[2:])
+        take = "const bool take = _best[c] < 0 || v > _top[c] || v != v;\n"
+        return (
+            head
+            + pixels
+            + over_channels
+            + "_best[c] = -1;\n_top[c] = 0;\n}\n"
+            + window_head
+            + positions
+            + f"if ({outside}) continue;\n"
+            + f"const long long _xb = {offset(x, ['b', '0', *image])};\n"
+            + over_channels
+            + "const long long xi = _xb + c;\nconst double v = X[xi];\n"
+            + take
+            + "_best[c] = take ? xi : _best[c];\n_top[c] = take ? v : _top[c];\n}\n"
+            + window_tail
+            + f"for (long long c = 0; c < {channels}; ++c) {{\n"
+            + "const long long best = _best[c];\nconst double top = _top[c];\n"
+            + use
+            + "}\n"
+            + pixels_end
+            + "delete[] _best;\ndelete[] _top;\n}\n"
+        )
+    head, tail = _planes(y, out, zeroed)
     return (
         head
         + "long long best = -1; double top = 0;\n"
@@ -199,6 +231,25 @@ class MaxPoolBackward(BackwardImplementation):
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
         return _pooling_backward(forward_node, context, "max", ["X", "Y_grad"])
+
+
+@pure_expansion("GlobalAveragePool", name="dcnb")
+class GlobalAveragePoolExpansion(ONNXForward):
+    # gap: DaCe's GlobalAveragePool is a ReduceMean, a loop per (n, c) over its pixels, which over a channels-last
+    # image (a squeeze-and-excitation's, laid out by actions/layout.py) reads each element C apart
+    @staticmethod
+    def forward(node, state, sdfg):
+        x, y = in_desc_with_name(node, state, sdfg, "X"), out_desc_with_name(node, state, sdfg, "Y")
+        if not (channels_last(x) and on_cpu(node, state, sdfg)):
+            return PureGlobalAveragePool.forward(node, state, sdfg)
+        # per image, its pixels in memory order, a vector loop over the channels summing in doubles
+        channels, pixels, corner = int(x.shape[1]), math.prod(int(n) for n in x.shape[2:]), ["0"] * (len(x.shape) - 2)
+        body = parallel_for() + f"for (long long b = 0; b < {x.shape[0]}; ++b) {{\n"
+        body += f"double* _sums = new double[{channels}]();\nconst auto* _x = &{at('X', x, ['b', '0', *corner])};\n"
+        body += f"for (long long _p = 0; _p < {pixels}; ++_p) {{\n" + simd()
+        body += f"for (long long c = 0; c < {channels}; ++c) _sums[c] += _x[_p * {channels} + c];\n}}\n"
+        body += f"for (long long c = 0; c < {channels}; ++c) {at('Y', y, ['b', 'c', *corner])} = _sums[c] / {pixels};\n"
+        return cpp_expansion(node, state, sdfg, body + "delete[] _sums;\n}\n")
 
 
 def _attributes(node, mode: str) -> dict:
