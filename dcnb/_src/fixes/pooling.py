@@ -68,15 +68,23 @@ def _planes(y: dt.Data, out: list[str], zeroed: tuple[str, dt.Data] | None = Non
     zeroing the plane of ``zeroed`` (a name and its array) first, then over its output elements ``out``. Over
     channels-last images the channels are innermost, and an image is a thread's: a plane's elements are C apart
     there, and windows that add into an array overlap within an image."""
-    if channels_last(y) and (zeroed is None or channels_last(zeroed[1])):
-        head = parallel_for() + f"for (long long b = 0; b < {y.shape[0]}; ++b) {{\n"
-        head += _zero_image(*zeroed) if zeroed else ""
+    per_image = _per_image(y, zeroed)
+    if per_image is not None:
         inner_head, inner_tail = loops([*out, "c"], [*y.shape[2:], y.shape[1]])
-        return head + inner_head, inner_tail + "}\n"
+        return per_image + inner_head, inner_tail + "}\n"
     head, tail = loops(["b", "c"], y.shape[:2])
     inner_head, inner_tail = loops(out, y.shape[2:])
     plane = _zero_plane(*zeroed) if zeroed else ""
     return parallel_for(collapse=2) + head + plane + inner_head, inner_tail + tail
+
+
+def _per_image(y: dt.Data, zeroed: tuple[str, dt.Data] | None) -> str | None:
+    """Over channels-last images (``y``, and the array of ``zeroed``): C++ opening a loop that gives each thread an
+    image ``b``, its image of ``zeroed`` zeroed first (``_planes``); None over images of another layout."""
+    if not (channels_last(y) and (zeroed is None or channels_last(zeroed[1]))):
+        return None
+    head = parallel_for() + f"for (long long b = 0; b < {y.shape[0]}; ++b) {{\n"
+    return head + (_zero_image(*zeroed) if zeroed else "")
 
 
 def _zero_plane(name: str, desc: dt.Data) -> str:
@@ -163,13 +171,12 @@ def _argmax_loops(node, x: dt.Data, y: dt.Data, use: str, zeroed: tuple[str, dt.
         for i, o, k, s, p, d in zip(image, out, window, strides, pads, dilations)
     )
     outside = " || ".join(f"{i} < 0 || {i} >= {size}" for i, size in zip(image, x.shape[2:]))
-    if channels_last(x) and channels_last(y) and (zeroed is None or channels_last(zeroed[1])):
+    per_image = _per_image(y, zeroed) if channels_last(x) else None
+    if per_image is not None:
         # a pixel's windows compared a vector of channels at a time, each channel's choice kept in _best and _top
         channels = int(y.shape[1])
         over_channels = simd() + f"for (long long c = 0; c < {channels}; ++c) {{\n"
-        head = parallel_for() + f"for (long long b = 0; b < {y.shape[0]}; ++b) {{\n"
-        head += (_zero_image(*zeroed) if zeroed else "") + f"long long* _best = new long long[{channels}];\n"
-        head += f"double* _top = new double[{channels}];\n"
+        head = per_image + f"long long* _best = new long long[{channels}];\ndouble* _top = new double[{channels}];\n"
         pixels, pixels_end = loops(out, y.shape[2:])
         take = "const bool take = _best[c] < 0 || v > _top[c] || v != v;\n"
         return (
