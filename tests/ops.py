@@ -49,6 +49,16 @@ def away_from_zero(*shape: int) -> Callable[[torch.Generator], tuple[torch.Tenso
     return draw
 
 
+def at_bounds(*bounds: float) -> Callable[[torch.Generator], tuple[torch.Tensor, ...]]:
+    """Values around ``bounds`` with each bound itself in two places: where a clip's or a kink's gradient passes or
+    stops as PyTorch's does (clamp's passes at its bounds, hardtanh's stops)."""
+    def draw(gen):
+        x = (max(abs(b) for b in bounds) + 1) * torch.randn(4, 8, generator=gen)
+        x[:2, : len(bounds)] = torch.tensor(bounds)
+        return (x,)
+    return draw
+
+
 def two(*shape: int) -> Callable[[torch.Generator], tuple[torch.Tensor, ...]]:
     return lambda gen: (torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen))
 
@@ -196,28 +206,34 @@ def _classes_3d(gen):
 
 
 ACTIVATIONS = [
-    Op("relu", lambda: nn.ReLU(), randn(4, 8)),
+    Op("relu", lambda: nn.ReLU(), at_bounds(0.0)),
     Op("elu", lambda: nn.ELU(), randn(4, 8)),
     Op("elu_alpha", lambda: nn.ELU(alpha=0.5), randn(4, 8)),
     Op("selu", lambda: nn.SELU(), randn(4, 8)),
     Op("celu", lambda: nn.CELU(alpha=2.0), randn(4, 8)),
-    Op("leaky_relu", lambda: nn.LeakyReLU(0.2), away_from_zero(4, 8)),
+    Op("leaky_relu", lambda: nn.LeakyReLU(0.2), at_bounds(0.0)),
     Op("prelu", lambda: nn.PReLU(), away_from_zero(4, 8)),
     Op("prelu_channels", lambda: nn.PReLU(3), away_from_zero(2, 3, 4, 4)),
     Op("softplus_beta", lambda: nn.Softplus(beta=2.0), randn(4, 8)),
     Op("softsign", lambda: nn.Softsign(), randn(4, 8)),
     Op("logsigmoid", lambda: nn.LogSigmoid(), randn(4, 8)),
     Op("glu", lambda: nn.GLU(dim=-1), randn(4, 8)),
-    Op("hardtanh", lambda: nn.Hardtanh(-0.5, 0.5), away_from_zero(4, 8)),
-    Op("relu6", lambda: nn.ReLU6(), lambda gen: (4 * torch.randn(4, 8, generator=gen) + 0.05,)),
+    Op("hardtanh", lambda: nn.Hardtanh(-0.5, 0.5), at_bounds(-0.5, 0.5)),
+    Op("relu6", lambda: nn.ReLU6(), at_bounds(0.0, 6.0)),
+    Op("relu6_functional", lambda: Fn(F.relu6), at_bounds(0.0, 6.0)),
+    Op(
+        "hardtanh_beside_clamp",
+        lambda: Fn(lambda x: F.hardtanh(x, -0.5, 0.5) + x.clamp(-0.5, 0.5) * x),
+        at_bounds(-0.5, 0.5),
+    ),
     Op("mish", lambda: nn.Mish(), randn(4, 8)),
     Op("gelu", lambda: nn.GELU(), randn(4, 8)),
     Op("gelu_tanh", lambda: nn.GELU(approximate="tanh"), randn(4, 8)),
     Op("silu", lambda: nn.SiLU(), randn(4, 8)),
     Op("sigmoid", lambda: nn.Sigmoid(), randn(4, 8)),
     Op("tanh", lambda: nn.Tanh(), randn(4, 8)),
-    Op("hardsigmoid", lambda: nn.Hardsigmoid(), away_from_zero(4, 8)),
-    Op("hardswish", lambda: nn.Hardswish(), away_from_zero(4, 8)),
+    Op("hardsigmoid", lambda: nn.Hardsigmoid(), at_bounds(-3.0, 3.0)),
+    Op("hardswish", lambda: nn.Hardswish(), at_bounds(-3.0, 3.0)),
     Op("softmin", lambda: nn.Softmin(dim=-1), randn(4, 8)),
     Op("log_softmax", lambda: nn.LogSoftmax(dim=1), randn(4, 8)),
     Op("softmax_channels", lambda: nn.Softmax2d(), randn(2, 3, 4, 4)),
@@ -236,9 +252,9 @@ ELEMENTWISE = [
     Op("pow", lambda: Fn(lambda x: x.pow(3) + (x * x + 1).pow(0.5)), randn(4, 8)),
     Op("trig", lambda: Fn(lambda x: torch.sin(x) * torch.cos(x) + torch.atan(x)), randn(4, 8)),
     Op("erf", lambda: Fn(torch.erf), randn(4, 8)),
-    Op("clamp", lambda: Fn(lambda x: x.clamp(-0.5, 0.7)), away_from_zero(4, 8)),
+    Op("clamp", lambda: Fn(lambda x: x.clamp(-0.5, 0.7)), at_bounds(-0.5, 0.7)),
     Op("clamp_max_of_a_parameter", lambda: _ClampedScale(), randn(2, 3, 4)),
-    Op("clamp_min", lambda: Fn(lambda x: x.clamp_min(0.2)), away_from_zero(4, 8)),
+    Op("clamp_min", lambda: Fn(lambda x: x.clamp_min(0.2)), at_bounds(0.2)),
     Op("maximum", lambda: Fn(torch.maximum), two(4, 8)),
     Op("minimum", lambda: Fn(torch.minimum), two(4, 8)),
     Op("div_sub", lambda: Fn(lambda x, y: (x - y) / (y * y + 1)), two(4, 8)),

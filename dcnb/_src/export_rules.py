@@ -2,9 +2,10 @@
 written as standard ONNX ops that DaCe (with dcnb's fixes) imports and differentiates.
 
 Each registers with ``@symbolic(op)`` beside it, and ``register`` hands them to ``register_custom_op_symbolic`` at
-the export's opset, where a custom symbolic takes precedence over PyTorch's own. Two more, ``detach``'s and
-``embedding``'s, mark where gradients stop with an op of dcnb's own domain, and hold only during dcnb's exports
-(``stopping_gradients``).
+the export's opset, where a custom symbolic takes precedence over PyTorch's own. More hold only during dcnb's exports
+(``own_exports``) and write ops of dcnb's own domain (``OWN_OPS``), which the import makes standard ops with a backward
+rule of their own: ``detach``'s and ``embedding``'s mark where gradients stop, ``hardtanh``'s and ``relu6``'s are
+clips whose gradient stops at their bounds.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float1
 
 #: aten op -> its symbolic, registered for every export (``register``)
 _RULES: dict[str, Callable] = {}
-#: aten op -> its symbolic that stops gradients, registered during dcnb's exports only (``stopping_gradients``)
-_STOPPING: dict[str, Callable] = {}
+#: aten op -> its symbolic, registered during dcnb's exports only (``own_exports``)
+_OWN: dict[str, Callable] = {}
 
 
-def symbolic(op: str, stops_gradients: bool = False) -> Callable[[Callable], Callable]:
-    """Register the decorated function as ``op``'s symbolic (put it above ``parse_args``, which wraps it)."""
-    table = _STOPPING if stops_gradients else _RULES
+def symbolic(op: str, own: bool = False) -> Callable[[Callable], Callable]:
+    """Register the decorated function as ``op``'s symbolic (put it above ``parse_args``, which wraps it); ``own``:
+    during dcnb's exports only."""
+    table = _OWN if own else _RULES
 
     def add(function: Callable) -> Callable:
         if op in table:
@@ -48,35 +50,53 @@ def register(opset: int) -> None:
         torch.onnx.register_custom_op_symbolic(name, function, opset)
 
 
-#: the op ``detach`` exports to, in dcnb's own domain
-DOMAIN, STOP_GRADIENT_OP = "dcnb", "StopGradient"
-#: the backward rule of the Identity the import makes of it
-STOP_GRADIENT = "dcnb_stop_gradient"
+#: dcnb's own ONNX domain
+DOMAIN = "dcnb"
+#: the backward rules of the standard ops the import makes of dcnb's own
+STOP_GRADIENT, HARDTANH = "dcnb_stop_gradient", "dcnb_hardtanh"
+#: dcnb's own op -> the standard op the import makes of it, and that op's backward rule
+OWN_OPS = {"StopGradient": ("Identity", STOP_GRADIENT), "Hardtanh": ("Clip", HARDTANH)}
 
 
 @contextlib.contextmanager
-def stopping_gradients(opset: int):
-    """``x.detach()`` and an embedding's padding row exported with dcnb's StopGradient for the duration; afterwards
-    the user's own exports get PyTorch's symbolics again."""
-    for name, function in _STOPPING.items():
+def own_exports(opset: int):
+    """dcnb's own symbolics registered for the duration; afterwards the user's own exports get PyTorch's again."""
+    for name, function in _OWN.items():
         torch.onnx.register_custom_op_symbolic(name, function, opset)
     try:
         yield
     finally:
-        for name in _STOPPING:
+        for name in _OWN:
             torch.onnx.unregister_custom_op_symbolic(name, opset)
 
 
-@symbolic("aten::detach", stops_gradients=True)
-def _stop_gradient(g, input):
-    # gap: PyTorch exports x.detach() as x itself, and autodiff differentiated through it (``y - y.detach().mean()``,
-    # a straight-through estimator)
-    output = g.op(f"{DOMAIN}::{STOP_GRADIENT_OP}", input)
-    output.setType(input.type())
+def _own(g, op: str, *inputs):
+    output = g.op(f"{DOMAIN}::{op}", *inputs)
+    output.setType(inputs[0].type())
     return output
 
 
-@symbolic("aten::embedding", stops_gradients=True)
+@symbolic("aten::detach", own=True)
+def _stop_gradient(g, input):
+    # gap: PyTorch exports x.detach() as x itself, and autodiff differentiated through it (``y - y.detach().mean()``,
+    # a straight-through estimator)
+    return _own(g, "StopGradient", input)
+
+
+@symbolic("aten::hardtanh", own=True)
+@symbolic_helper.parse_args("v", "f", "f")
+def _hardtanh(g, input, min_val: float, max_val: float):
+    # gap: PyTorch exports hardtanh (ReLU6) as Clip, clamp's op, whose gradient passes at a bound where hardtanh's
+    # stops: MobileNetV2's ReLU6 over an exact 0 or 6 had its naive step refused
+    return _own(g, "Hardtanh", input, _scalar(g, min_val, input), _scalar(g, max_val, input))
+
+
+@symbolic("aten::relu6", own=True)
+def _relu6(g, input):
+    return _hardtanh(g, input, 0.0, 6.0)
+
+
+@symbolic("aten::embedding", own=True)
 @symbolic_helper.parse_args("v", "v", "i", "b", "b")
 def _embedding(g, weight, indices, padding_idx: int, scale_grad_by_freq: bool, sparse: bool):
     # gap: PyTorch exports an embedding as a plain Gather, which has no padding row: the padding tokens' gradients

@@ -89,7 +89,7 @@ def import_module(
         model_proto = infer_shapes_onnx_model(model_proto)
         _indices_from_the_start(model_proto)
         model_proto = simplify_onnx_model(model_proto, auto_merge=False)
-        stops = _identities_for_stop_gradients(model_proto)
+        own = _standard_for_own_ops(model_proto)
         _each_output_once(model_proto)
         sources = _sources(model_proto)
         _check_supported(model_proto, module, inputs, call, input_names, training)
@@ -98,8 +98,8 @@ def import_module(
         except Exception as e:
             raise DcnbError(f"DaCe could not import the graph {type(module).__name__} exports: {describe(e)}") from e
         for node, _ in model.sdfg.all_nodes_recursive():
-            if isinstance(node, ONNXOp) and node.label in stops:
-                node.backward_implementation = export_rules.STOP_GRADIENT
+            if isinstance(node, ONNXOp) and node.label in own:
+                node.backward_implementation = own[node.label]
         _check_covered(model.sdfg, model_proto, module, inputs, call, input_names, training)
     graph_inputs = set(model.inputs)
     # the importer renames the graph's outputs to __return or __return_<i>, in order; the latter become __output_<i>
@@ -188,14 +188,15 @@ def _expose_running_statistics(model: onnx.ModelProto, module: nn.Module) -> dic
     return updates
 
 
-def _identities_for_stop_gradients(model: onnx.ModelProto) -> set[str]:
-    """Make each of dcnb's StopGradient nodes (``x.detach()``) an Identity, which DaCe imports; returns their labels
-    in the SDFG. (After simplification, which would remove an Identity and join the names before and after it.)"""
-    labels = set()
+def _standard_for_own_ops(model: onnx.ModelProto) -> dict[str, str]:
+    """Make each node of dcnb's own ops (``export_rules.OWN_OPS``: ``x.detach()``'s StopGradient) the standard op
+    DaCe imports; returns their labels in the SDFG and the backward rule of each. (After simplification, which would
+    remove an Identity and join the names before and after it.)"""
+    labels = {}
     for node in model.graph.node:
-        if node.domain == export_rules.DOMAIN and node.op_type == export_rules.STOP_GRADIENT_OP:
-            node.op_type, node.domain = "Identity", ""
-            labels.add(clean_onnx_name(node.name))
+        if node.domain == export_rules.DOMAIN:
+            node.op_type, labels[clean_onnx_name(node.name)] = export_rules.OWN_OPS[node.op_type]
+            node.domain = ""
     return labels
 
 
@@ -284,7 +285,7 @@ def _export(
         with (
             warnings.catch_warnings(),
             _onnx_log(verbose),
-            export_rules.stopping_gradients(OPSET),
+            export_rules.own_exports(OPSET),
             _persistent(module),
         ):
             warnings.simplefilter("ignore")

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.compile
 
 #: one op of each family, each through a fix of its own (its test fails without it)
 DEFAULT = {
-    "elu", "softmax_channels", "logical_and_or", "pow", "outer", "addmm_scaled_row_bias", "group_norm", "conv1d",
+    "elu", "hardtanh_beside_clamp", "softmax_channels", "logical_and_or", "pow", "outer", "addmm_scaled_row_bias",
+    "group_norm", "conv1d",
     "pad_reflect", "roll", "slice_assigned", "max_dim", "topk", "mse", "lstm_two_layers_bidirectional",
     "einsum_diagonal", "einsum_batch_in_the_middle", "matmul_broadcast_batch_of_one",
 }

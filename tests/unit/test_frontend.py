@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import dcnb
+from dcnb._src.export_rules import HARDTANH
 from dcnb._src.frontend import _expose_running_statistics, import_module
 from tests.ops import Recurrent
 
@@ -133,3 +134,18 @@ def test_detach_is_imported_as_a_marked_identity_and_the_users_exports_stay_pyto
     # dcnb's symbolic for detach holds during its own exports only
     torch.onnx.export(_Detached(), (torch.randn(3, 4),), tmp_path / "user.onnx", dynamo=False)
     assert [n.op_type for n in onnx.load(tmp_path / "user.onnx").graph.node] == ["ReduceMean", "Sub"]
+
+
+class _Clipped(nn.Module):
+    def forward(self, x):
+        return nn.functional.relu6(x) + nn.functional.hardtanh(x, -0.5, 0.5) + x.clamp(0.0, 6.0)
+
+
+def test_hardtanh_is_imported_as_a_marked_clip_beside_clamp_s_and_the_users_exports_stay_pytorchs(tmp_path):
+    imported = import_module(_Clipped(), (torch.randn(3, 4),), training=False)
+    clips = [n for n, _ in imported.sdfg.all_nodes_recursive() if getattr(n, "schema", None) and n.schema.name == "Clip"]
+    assert sorted(str(n.backward_implementation) for n in clips) == ["None", HARDTANH, HARDTANH]
+    # dcnb's symbolics for hardtanh and relu6 hold during its own exports only
+    torch.onnx.export(_Clipped(), (torch.randn(3, 4),), tmp_path / "user.onnx", dynamo=False)
+    ops = {(n.domain, n.op_type) for n in onnx.load(tmp_path / "user.onnx").graph.node}
+    assert ops == {("", "Clip"), ("", "Add"), ("", "Constant")}

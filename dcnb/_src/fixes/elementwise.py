@@ -21,7 +21,7 @@ from dace.transformation.onnx import constant_folding
 from dace.transformation.onnx.replacement import onnx_constant_or_none
 
 from ..errors import UnsupportedOpError
-from ..export_rules import STOP_GRADIENT
+from ..export_rules import HARDTANH, STOP_GRADIENT
 from ..names import readable
 from .array_ops import broadcast_index
 from .cpp import at, cpp_backward, forward_in, forward_out, loops, zero
@@ -475,28 +475,45 @@ class DropoutWithoutMaskBackward(BackwardImplementation):
 default_backward("Dropout")
 
 
+def _clip_backward(forward_node, context, required_gradients, inside: tuple[str, str]):
+    """Clip's gradient: the output's where the input is ``inside`` its bounds (``(">=", "<=")``: clamp's)."""
+    # a constant bound is written into the code, as the forward's expansion does (nothing stored for it)
+    bounds = {
+        e.dst_conn: onnx_constant_or_none(context.forward_sdfg, e.src.data)
+        for e in context.forward_state.in_edges(forward_node)
+        if e.dst_conn in ("min", "max")
+    }
+
+    def gradients(t, operands, node):
+        tests = [
+            f"{operands['input']} {inside[n == 'max']} "
+            + (f"{t}({value!r})" if isinstance(value, (int, float)) else operands[n])
+            for n, value in bounds.items()
+        ]
+        return {"input": f"(__dy if {' and '.join(tests) or 'True'} else {t}(0))"}
+
+    # a map, as _passed_through's: C++ loops would run as one thread on a GPU (ReLU6's in MobileNetV2)
+    return _mapped_backward(forward_node, context, required_gradients, gradients)
+
+
 @autoregister_params(op="Clip", name="dcnb")
 class ClipBackward(BackwardImplementation):
     # gap: DaCe's Clip backward needs both bounds, as constants (clamp_min crashed with StopIteration)
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
-        # a constant bound is written into the code, as the forward's expansion does (nothing stored for it)
-        bounds = {
-            e.dst_conn: onnx_constant_or_none(context.forward_sdfg, e.src.data)
-            for e in context.forward_state.in_edges(forward_node)
-            if e.dst_conn in ("min", "max")
-        }
+        return _clip_backward(forward_node, context, required_gradients, (">=", "<="))
 
-        def gradients(t, operands, node):
-            tests = [
-                f"{operands['input']} {'>=' if n == 'min' else '<='} "
-                + (f"{t}({value!r})" if isinstance(value, (int, float)) else operands[n])
-                for n, value in bounds.items()
-            ]
-            return {"input": f"(__dy if {' and '.join(tests) or 'True'} else {t}(0))"}
 
-        # a map, as _passed_through's: C++ loops would run as one thread on a GPU (ReLU6's in MobileNetV2)
-        return _mapped_backward(forward_node, context, required_gradients, gradients)
+@autoregister_params(op="Clip", name=HARDTANH)
+class HardtanhBackward(BackwardImplementation):
+    # gap: ONNX's Clip is clamp's, whose gradient passes at a bound; hardtanh's (ReLU6's) stops there (export_rules)
+    @staticmethod
+    def backward_can_be_applied(node, state, sdfg) -> bool:
+        return node.backward_implementation == HARDTANH
+
+    @staticmethod
+    def backward(forward_node, context, given_gradients, required_gradients):
+        return _clip_backward(forward_node, context, required_gradients, (">", "<"))
 
 
 default_backward("Clip")
