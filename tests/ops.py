@@ -423,6 +423,12 @@ REDUCTIONS = [
     Op("prod_zeros", lambda: Fn(lambda x: x.prod(-1)), with_zeros(2, 3, 4)),
     Op("sum_axes_keepdim", lambda: Fn(lambda x: x.sum(dim=(0, 2), keepdim=True) * x), randn(2, 3, 4)),
     Op("mean_axes", lambda: Fn(lambda x: x.mean(dim=(0, -1))), double(2, 3, 4)),
+    # global average pooling written as a mean (imported as GlobalAveragePool)
+    Op(
+        "mean_spatial",
+        lambda: Fn(lambda x: x.mean((2, 3)) * x.mean((-1, -2), keepdim=True)[..., 0, 0]),
+        randn(2, 3, 4, 5),
+    ),
     Op("sum_square", lambda: Fn(lambda x: (x * x).sum(0)), randn(4, 4)),
     Op("min_all", lambda: Fn(lambda x: x.min() * x), distinct(3, 4)),
     Op("amax_keepdim", lambda: Fn(lambda x: x.amax(0, keepdim=True) * x), distinct(3, 4)),

@@ -90,6 +90,7 @@ def import_module(
         _indices_from_the_start(model_proto)
         model_proto = simplify_onnx_model(model_proto, auto_merge=False)
         own = _standard_for_own_ops(model_proto)
+        _global_average_pools(model_proto)
         _each_output_once(model_proto)
         sources = _sources(model_proto)
         _check_supported(model_proto, module, inputs, call, input_names, training)
@@ -240,6 +241,36 @@ def _indices_from_the_start(model: onnx.ModelProto) -> None:
             ]
             node.input[1] = start
         rewritten.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(rewritten)
+
+
+def _global_average_pools(model: onnx.ModelProto) -> None:
+    """Make each ReduceMean over an image's two spatial axes (``x.mean((2, 3))``, a squeeze-and-excitation's) the
+    GlobalAveragePool it is, then a Flatten where the axes are not kept: the op ``channels_last`` lays out, summed a
+    vector of channels at a time over a channels-last image (fixes/pooling.py), where the ReduceMean kept the image
+    (N, C, H, W) and its neighbours read it across layouts. Needs the shapes inferred and the axes folded."""
+    images = {
+        v.name: v.type.tensor_type
+        for v in (*model.graph.input, *model.graph.value_info)
+        if len(v.type.tensor_type.shape.dim) == 4
+    }
+    constants = {t.name: t for t in model.graph.initializer}
+    rewritten = []
+    for node in model.graph.node:
+        reduced = node.op_type == "ReduceMean" and len(node.input) == 2
+        image, axes = (images.get(node.input[0]), constants.get(node.input[1])) if reduced else (None, None)
+        if image is None or axes is None or sorted(a % 4 for a in onnx.numpy_helper.to_array(axes).ravel()) != [2, 3]:
+            rewritten.append(node)
+            continue
+        kept = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        pooled = node.output[0] if kept else f"{node.output[0]}/pooled"
+        rewritten.append(onnx.helper.make_node("GlobalAveragePool", [node.input[0]], [pooled], name=node.name))
+        if not kept:
+            dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in image.shape.dim[:2]] + [1, 1]
+            model.graph.value_info.append(onnx.helper.make_tensor_value_info(pooled, image.elem_type, dims))
+            flat = onnx.helper.make_node("Flatten", [pooled], [node.output[0]], name=f"{node.name}/flattened", axis=1)
+            rewritten.append(flat)
     del model.graph.node[:]
     model.graph.node.extend(rewritten)
 

@@ -140,3 +140,38 @@ def test_a_network_without_convolutions_has_nothing_to_lay_out():
     assert offered.matches == 0
     step = session.apply("channels_last")
     assert not step.ok and "channels_last matches nothing" in step.error
+
+
+class _SqueezeExcitations(nn.Module):
+    """Squeeze-and-excitation written out: pooled with ``mean((2, 3), keepdim=True)`` and gated by 1x1
+    convolutions (timm's), then pooled with ``mean((-1, -2))`` and gated by linear layers whose sigmoid is made an
+    image with ``[:, :, None, None]`` (the paper's, and many a hand-written network's)."""
+
+    def __init__(self, channels: int = 8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+        self.reduce, self.expand = nn.Conv2d(channels, 2, 1), nn.Conv2d(2, channels, 1)
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.fc1, self.fc2 = nn.Linear(channels, 2), nn.Linear(2, channels)
+        self.head = nn.Conv2d(channels, 4, 1)
+
+    def forward(self, x):
+        x = nn.functional.silu(self.bn(self.stem(x)))
+        x = x * torch.sigmoid(self.expand(torch.relu(self.reduce(x.mean((2, 3), keepdim=True)))))
+        x = torch.relu(self.conv(x))
+        return self.head(x * torch.sigmoid(self.fc2(torch.relu(self.fc1(x.mean((-1, -2))))))[:, :, None, None])
+
+
+def test_squeeze_and_excitations_written_with_means_and_views_are_laid_out_and_differentiated():
+    torch.manual_seed(0)
+    module = _SqueezeExcitations().double()
+    session = dcnb.optimize(module, torch.randn(2, 3, 20, 20, dtype=torch.float64), baselines=(), time_budget=0.01)
+    assert session.current.ok and session.current.check.ok, session.current.error
+    step = session.apply("channels_last")
+    assert step.ok and step.check.ok, step.error
+    assert {"output", "grad fc1.weight", "grad reduce.weight", "grad stem.weight"} <= set(step.check.errors)
+    # the images the means read are laid out as their neighbours, and each mean sums a vector of channels at a time
+    images = [d for d in session.forward_sdfg.arrays.values() if tuple(int(n) for n in d.shape) == (2, 8, 20, 20)]
+    assert images and all(map(_channels_last, images))
+    assert _source(session, "forward").count("_sums[c] +=") == 2

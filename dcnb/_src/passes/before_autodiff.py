@@ -57,7 +57,7 @@ def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
                 outer = edge.src if edge.dst is node else edge.dst
                 if not isinstance(outer, nodes.AccessNode) or edge.data.is_empty():
                     continue
-                viewed = _part_viewed(state, outer)
+                viewed = _part_viewed(state, outer, written=edge.src is node)
                 if viewed is not None:
                     _copy_instead_of_view(state, outer, viewed)
                     copied += 1
@@ -85,15 +85,16 @@ def whole_arrays_for_ops(sdfg: dace.SDFG) -> int:
     return copied
 
 
-def _part_viewed(state: dace.SDFGState, node: nodes.AccessNode):
+def _part_viewed(state: dace.SDFGState, node: nodes.AccessNode, written: bool):
     """The edge to the array ``node`` views, where ``node`` is a View of part of it
-    (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``) or an array from outside with axes of size 1 added or
-    dropped (``x.unsqueeze(0)`` of an input); None otherwise."""
+    (``x.view(b, 2, 2, c)[:, :1, :1].reshape(b, -1, c)``), an array from outside with axes of size 1 added or
+    dropped (``x.unsqueeze(0)`` of an input), or ``written`` by an op (``sigmoid(x)[:, :, None]``, which
+    simplification made the Sigmoid write into the Unsqueeze's array); None otherwise."""
     if not isinstance(state.sdfg.arrays[node.data], dt.View):
         return None
     edge = sdutil.get_view_edge(state, node)
-    if edge is None:
-        return None
+    if edge is None or written:
+        return edge
     viewed = edge.src if edge.dst is node else edge.dst
     subset = edge.data.get_src_subset(edge, state) if edge.dst is node else edge.data.get_dst_subset(edge, state)
     desc, view = state.sdfg.arrays[viewed.data], state.sdfg.arrays[node.data]
@@ -112,7 +113,8 @@ def _copy_instead_of_view(state: dace.SDFGState, node: nodes.AccessNode, edge) -
     map, element by element, where the part's axes of more than one element are the view's, else by ``edge``.
 
     gap: DaCe's autodiff passes a view an op's backward reads to the backward SDFG without the array it views: an
-    invalid backward SDFG, for views of a part (LeViT's subsampled queries) and of inputs (``x.unsqueeze(0) @ w``).
+    invalid backward SDFG, for views of a part (LeViT's subsampled queries), of inputs (``x.unsqueeze(0) @ w``) and
+    of an op's output its backward reads (a squeeze-and-excitation's gate, ``sigmoid(fc(pooled))[:, :, None, None]``).
     gap: DaCe's simplify makes an array copied into part of a larger one of another rank a View of it with the
     strides of a whole array (LeViT's ``x.view(b, 2, 2, c)[:, ::2, ::2]``: its gradient went to the wrong rows);
     a map it leaves as it is."""
