@@ -58,7 +58,8 @@ def run(session: Any, runs: int = 5) -> dict[str, Any]:
          "torch": [{"name", "ms", "share"}, ...],  # PyTorch's top ops by their own time
          "torch_ms": the median eager call (under the profiler)}
 
-    ``ms`` is per call; ``share`` is of the call's time (what is not in any node is the call's overhead). Kept in
+    ``ms`` is per call (the median); ``share`` is the node's part of those calls' time (what is not in any node is
+    the call's overhead). Kept in
     the step's analysis, in place of an earlier profile of it."""
     parts = session.calls()
     if parts.device != "cpu":
@@ -69,13 +70,17 @@ def run(session: Any, runs: int = 5) -> dict[str, Any]:
         runner = Runner(
             parts.imported, parts.program, timed[0].binary, None if timed[1] is None else timed[1].binary, "cpu"
         )
-        step = _median_ms(parts.timed(runner), runs, parts.preserved)
+        calls = _calls_ms(parts.timed(runner), runs, parts.preserved)
+        step = statistics.median(calls)
         kernels = []
         for side, built in zip(_SIDES, timed):
             if built is not None:
+                # a node's share of the same calls' time: the shares of nodes inside a call sum to 1 or less,
+                # where its median over the call's median could add up past 1 under load
                 kernels += [
-                    {"guid": guid, "name": name, "side": side, "ms": ms, "share": ms / step}
-                    for guid, name, ms in built.times(runs + 1)  # (and the warm-up)
+                    {"guid": guid, "name": name, "side": side, "ms": statistics.median(each),
+                     "share": sum(each) / sum(calls)}
+                    for guid, name, each in built.times(runs + 1)  # (and the warm-up)
                 ]
         ops, eager = _torch_profile(parts.eager, runs, parts.preserved)
     finally:
@@ -143,8 +148,8 @@ class _Instrumented:
         #: a timer's place, DaCe's (region, state, node) ids as generated -> the drawn node (guid, label) it times
         self._owners = owners
 
-    def times(self, calls: int) -> list[tuple[str, str, float]]:
-        """(guid, label, median ms per call) of each timed node over ``calls`` calls, the first (which loads and
+    def times(self, calls: int) -> list[tuple[str, str, list[float]]]:
+        """(guid, label, ms in each call) of each timed node over ``calls`` calls, the first (which loads and
         initializes) left out. A node's time in a call sums its timers' events then (a nested SDFG's states, a
         map in a loop): every call runs the same ones, in the same order."""
         self.binary.finalize()  # DaCe writes the report when the program exits
@@ -161,7 +166,7 @@ class _Instrumented:
             for call in range(calls):
                 totals[call] += sum(values[call * each : (call + 1) * each])
         labels = dict(self._owners.values())
-        return [(guid, labels[guid], statistics.median(totals[1:])) for guid, totals in per_call.items()]
+        return [(guid, labels[guid], totals[1:]) for guid, totals in per_call.items()]
 
 
 def _instrumented(sdfg: dace.SDFG, folder: pathlib.Path) -> _Instrumented:
@@ -269,8 +274,8 @@ def _profiles() -> pathlib.Path:
     return folder
 
 
-def _median_ms(call: Callable[[], None], runs: int, preserved: Callable) -> float:
-    """The median milliseconds of ``runs`` calls after one warm-up, the user's module left as it was."""
+def _calls_ms(call: Callable[[], None], runs: int, preserved: Callable) -> list[float]:
+    """The milliseconds of each of ``runs`` calls after one warm-up, the user's module left as it was."""
     samples = []
     with preserved():
         call()
@@ -278,7 +283,7 @@ def _median_ms(call: Callable[[], None], runs: int, preserved: Callable) -> floa
             start = time.perf_counter()
             call()
             samples.append((time.perf_counter() - start) * 1000.0)
-    return statistics.median(samples)
+    return samples
 
 
 def _torch_profile(call: Callable[[], None], runs: int, preserved: Callable) -> tuple[list[dict[str, Any]], float]:
