@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md); each sets up what it needs first.
-.PHONY: setup mish test unit zoo models ops notebooks cuda gpu gpu-wheels
+.PHONY: setup mish test unit zoo models ops notebooks cuda deep gpu gpu-wheels
 
 setup:
 	@./scripts/setup.sh
@@ -35,9 +35,16 @@ notebooks: setup
 	.venv/bin/python -m pytest --notebooks tests/notebooks
 
 # the CUDA builds of more graphs than make test's, and of the GPU row recipe (tests/compile/test_cuda_build.py,
-# tests/compile/test_rows_cuda.py, tests/compile/test_gpu_libs.py)
+# tests/compile/test_rows_cuda.py, tests/compile/test_gpu_libs.py), their capture into CUDA graphs
+# (tests/compile/test_native_cuda.py) and dcnb run's (tests/kernel/test_run.py)
 cuda: setup
-	.venv/bin/python -m pytest --cuda tests/compile/test_cuda_build.py tests/compile/test_rows_cuda.py tests/compile/test_gpu_libs.py
+	.venv/bin/python -m pytest --cuda tests/compile/test_cuda_build.py tests/compile/test_rows_cuda.py tests/compile/test_gpu_libs.py \
+		tests/compile/test_native_cuda.py tests/kernel/test_run.py
+
+# more cases of what make test checks once: another action, mode, engine or variant of the same check (tests marked
+# deep across tests/)
+deep: setup
+	.venv/bin/python -m pytest --deep -m deep
 
 # on a machine with a GPU and a CUDA build of PyTorch, which setup's CPU wheel is not (its image's python3 by default;
 # `make gpu PYTHON=...` takes another), in one command within 10 minutes on an H100: the CUDA call path, its graphs and

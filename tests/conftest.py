@@ -119,10 +119,11 @@ def artifacts():
 
 #: markers whose tests run only with their option: the rest of the model zoo (--zoo), the Hugging Face models
 #: beyond the default one (--models), the op catalog beyond its representative set (--ops), each tens of minutes;
-#: the notebooks beyond the tutorial and the lesson (--notebooks), the CUDA builds beyond Mish's (--cuda); what
-#: runs on a GPU (--gpu; make gpu)
+#: the notebooks beyond the tutorial and the lesson (--notebooks), the CUDA builds beyond Mish's (--cuda), more cases
+#: of what the default suite checks once (--deep); what runs on a GPU (--gpu; make gpu)
 GATED = {
-    "zoo": "--zoo", "models": "--models", "ops": "--ops", "notebooks": "--notebooks", "cuda": "--cuda", "gpu": "--gpu"
+    "zoo": "--zoo", "models": "--models", "ops": "--ops", "notebooks": "--notebooks", "cuda": "--cuda",
+    "deep": "--deep", "gpu": "--gpu",
 }
 
 
@@ -138,6 +139,10 @@ def pytest_addoption(parser):
     )
     parser.addoption(
         "--cuda", action="store_true", help="also build more graphs for CUDA (tests marked cuda; make cuda)"
+    )
+    parser.addoption(
+        "--deep", action="store_true",
+        help="also run more cases of what the default suite checks once (tests marked deep; make deep)",
     )
     parser.addoption(
         "--gpu", action="store_true", help="also run what needs a GPU and a CUDA PyTorch (tests marked gpu; make gpu)"

@@ -162,6 +162,7 @@ def test_the_bridge_multiplies_as_sgemm_does(batch, shared):
 
 
 @pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
+@pytest.mark.deep
 def test_products_call_mkl_where_the_bridge_to_onednn_does_not_build(fresh_cache, monkeypatch):
     # the bridge is built by the first product's expansion; where it cannot be, products keep MKL's GEMM
     monkeypatch.setenv("DCNB_BLAS", "onednn")

@@ -58,7 +58,8 @@ def _channels_last(desc) -> bool:
 
 
 @pytest.mark.parametrize(
-    "training, dtype", [(True, torch.float32), (True, torch.float64), (False, torch.float32)],
+    "training, dtype",
+    [(True, torch.float32), pytest.param(True, torch.float64, marks=pytest.mark.deep), (False, torch.float32)],
     ids=["training", "training-float64", "eval"],
 )
 def test_the_images_around_the_convolutions_are_channels_last_and_every_result_is_pytorchs(training, dtype):

@@ -102,6 +102,7 @@ def test_a_cluster_that_is_not_one_names_its_cause(given, cause):
     assert cause in str(raised.value) and session.history == before
 
 
+@pytest.mark.deep
 def test_the_magic_and_its_view_search_on_the_cluster_named(fresh, local_cluster, ip):
     running, _ = local_cluster
     cell = "class Mish(nn.Module):\n    def forward(self, x):\n        return x * torch.tanh(nn.functional.softplus(x))"

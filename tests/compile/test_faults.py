@@ -336,7 +336,7 @@ def test_a_compile_that_hangs_is_stopped_after_the_limit(isolated, tmp_path, mon
 
 
 @pytest.mark.parametrize("how", ["raises", "dies", "interrupted"])
-@pytest.mark.parametrize("step", ["map_fusion", "tasklet_fusion"])
+@pytest.mark.parametrize("step", [pytest.param("map_fusion", marks=pytest.mark.deep), "tasklet_fusion"])
 def test_a_forward_transformation_that_fails_in_its_process_leaves_the_session_as_it_was(
     isolated, monkeypatch, children, step, how
 ):

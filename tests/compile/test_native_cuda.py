@@ -54,6 +54,7 @@ def test_cuda_builds_launch_on_the_stream_they_are_given_and_can_be_captured():
     assert all(set_streams != 0 and capturable for set_streams, capturable in _cuda_launches(session))
 
 
+@pytest.mark.cuda
 def test_a_cuda_build_that_waits_or_copies_host_memory_in_a_call_is_not_captured():
     # the sum the forward keeps for the backward (a scalar, which autodiff forwards in a one-element array) is read
     # back on the host in the backward, with a stream synchronization: that binary is called as it is, never captured
@@ -62,6 +63,7 @@ def test_a_cuda_build_that_waits_or_copies_host_memory_in_a_call_is_not_captured
     assert forward and streams != 0 and not backward
 
 
+@pytest.mark.cuda
 def test_the_constants_a_gelu_keeps_for_its_backward_leave_both_cuda_builds_captured():
     # GELU written out: the forward copied its constants (0.5, 1, sqrt(2)) from the host into arrays kept for the
     # backward, which read them back on the host with a stream synchronization; neither binary was captured. The
@@ -70,6 +72,7 @@ def test_the_constants_a_gelu_keeps_for_its_backward_leave_both_cuda_builds_capt
     assert all(set_streams != 0 and capturable for set_streams, capturable in _cuda_launches(session))
 
 
+@pytest.mark.cuda
 def test_a_batched_product_s_cuda_build_is_captured():
     # its transpose's expansion ended with a stream synchronization, and its backward allocated an accumulator per
     # call: neither now

@@ -136,6 +136,7 @@ def test_a_session_whose_module_has_a_convolution_builds_the_bridge_while_it_exp
     assert [p.name for p in folder.iterdir()] == ["libdcnb_torch_kernels.so"]  # no partial file left
 
 
+@pytest.mark.deep
 def test_a_bridge_build_begun_and_never_taken_is_finished_before_its_process_exits(fresh_cache):
     # a session that stopped before its first build: the next process finds the library built
     started = subprocess.run(

@@ -72,6 +72,7 @@ def test_run_without_a_notebook_says_so(tmp_path):
     assert done.returncode == 2 and "no notebook at missing.ipynb" in done.stderr
 
 
+@pytest.mark.cuda
 def test_run_builds_for_cuda_in_the_background_only_when_asked(tmp_path):
     cell = new_code_cell("import os\nprint('cuda build', os.environ.get('DCNB_CUDA_BUILD'))")
     cell.metadata["tags"] = ["report"]

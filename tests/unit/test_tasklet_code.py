@@ -1,5 +1,6 @@
 """Rewriting tasklets' code (passes/tasklet_code.py): symbol declarations in one order in every process."""
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -44,7 +45,8 @@ def _inlined(seed: int) -> tuple[str, str]:
 
 
 def test_inlined_symbols_are_declared_in_one_order_whatever_the_process():
-    inlined, ordered = zip(*(_inlined(seed) for seed in (0, 1, 2)))
+    with concurrent.futures.ThreadPoolExecutor() as pool:  # the processes side by side
+        inlined, ordered = zip(*pool.map(_inlined, (0, 1, 2)))
     # DaCe declares them in the order of a set of names: another order in another process
     assert len(set(inlined)) > 1
     assert set(ordered) == {repr("auto K = 1;\nauto M = 3;\nauto N = 2;\no = M * 100 + N * 10 + K;")}
