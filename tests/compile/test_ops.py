@@ -21,7 +21,7 @@ pytestmark = pytest.mark.compile
 DEFAULT = {
     "elu", "hardtanh_beside_clamp", "softmax_channels", "logical_and_or", "pow", "outer", "addmm_scaled_row_bias",
     "group_norm", "conv1d",
-    "pad_reflect", "roll", "slice_assigned", "max_dim", "topk", "mse", "gru_bidirectional",
+    "pad_reflect", "roll", "slice_assigned", "max_dim", "topk", "mse", "lstm",
     "einsum_diagonal", "einsum_batch_in_the_middle", "matmul_broadcast_batch_of_one",
 }
 #: ops PyTorch's ONNX exporter cannot export with these arguments: refused before DaCe sees them, with the reason
