@@ -59,8 +59,7 @@ def run(session: Any, runs: int = 5) -> dict[str, Any]:
          "torch_ms": the median eager call (under the profiler)}
 
     ``ms`` is per call (the median); ``share`` is the node's part of those calls' time (what is not in any node is
-    the call's overhead). Kept in
-    the step's analysis, in place of an earlier profile of it."""
+    the call's overhead). Kept in the step's analysis, in place of an earlier profile of it."""
     parts = session.calls()
     if parts.device != "cpu":
         raise DcnbError("profiling times maps on the CPU; on a GPU its kernels need GPU events, not host timers")
