@@ -25,7 +25,7 @@ differentiates a product into Einsums). Those expand to plain loops unless a nod
 - ``none``: DaCe's pure expansions (loops), as before.
 
 ``DCNB_BLAS`` names the choice; unset, ``onednn`` where it is available and measured here at least 1.25 times as
-fast as MKL's GEMM (``onednn_speedup``, once a process), else the first of ``torch`` and ``openblas`` found here
+fast as MKL's GEMM (``onednn_speedup``, once a machine), else the first of ``torch`` and ``openblas`` found here
 (measured: benchmarks/NOTES.md, BLAS).
 """
 
@@ -37,6 +37,7 @@ import functools
 import hashlib
 import os
 import pathlib
+import platform
 import sysconfig
 
 import dace
@@ -144,11 +145,31 @@ def linked() -> Blas | None:
 
 @functools.cache
 def onednn_speedup() -> float:
-    """How many times as fast as MKL's GEMM oneDNN's multiplies two float 512x512 matrices here (each the best of 7
-    calls through ATen, taken in turns after one that sets it up: ``torch.mm`` runs MKL's, the operator
-    ``torch.compile`` fuses linear layers with oneDNN's); 0 where oneDNN's is not available."""
+    """How many times as fast as MKL's GEMM oneDNN's multiplies two float 512x512 matrices here (``_measure``); 0
+    where oneDNN's is not available. Measured once per machine and PyTorch and kept in the build cache, which every
+    process then reads: two processes measuring at once on two cores chose apart, and so keyed every build apart."""
     if _onednn() is None:
         return 0.0
+    from . import cache  # (which imports this module through fixes.linalg)
+
+    path = cache.root() / "measured" / f"onednn-speedup-{_machine()}"
+    try:
+        with cache.locked([path]):
+            try:
+                return float(path.read_text())
+            except (OSError, ValueError):  # not measured yet, or a file cut short
+                speedup = _measure()
+                partial = path.with_name(f"{path.name}.{os.getpid()}")
+                partial.write_text(repr(speedup))
+                os.replace(partial, path)
+                return speedup
+    except OSError:  # a cache that cannot be written: this process's own measurement
+        return _measure()
+
+
+def _measure() -> float:
+    """oneDNN's speedup over MKL's GEMM: each the best of 7 calls through ATen, taken in turns after one that sets
+    it up (``torch.mm`` runs MKL's, the operator ``torch.compile`` fuses linear layers with oneDNN's)."""
     a, b, c = (torch.rand(512, 512) for _ in range(3))
     b_t = b.t().contiguous()  # (the operator takes a linear layer's weight: out x in)
     calls = {
@@ -157,6 +178,17 @@ def onednn_speedup() -> float:
     }
     times = timing.interleaved(calls, warmup=1, min_runs=7, max_runs=7)
     return times["mkl"].min / times["onednn"].min
+
+
+def _machine() -> str:
+    """This machine's processor and PyTorch, for a cache that several machines share."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    described = f"{model or platform.processor()}:{os.cpu_count()}:{torch.__version__}"
+    return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
 # a forked process (dcnb transforms and compiles in them) hangs in OpenMP's threads once its parent has used them:

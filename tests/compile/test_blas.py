@@ -200,6 +200,26 @@ def test_onednn_is_chosen_unasked_where_measured_faster(monkeypatch):
     assert blas.chosen().name == ("onednn" if speedup >= blas.ONEDNN_MARGIN else "torch")
 
 
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
+def test_the_measurement_is_made_once_per_machine_and_every_process_reads_it(fresh_cache, monkeypatch):
+    # two processes measuring at once on two cores chose apart, and so keyed the same graph's builds apart
+    monkeypatch.delenv("DCNB_BLAS", raising=False)
+    blas.onednn_speedup.cache_clear()
+    try:
+        measured = blas.onednn_speedup()
+        (stored,) = (p for p in (fresh_cache / "measured").glob("onednn-speedup-*") if p.suffix != ".lock")
+        assert float(stored.read_text()) == measured
+        for speedup, name in ((blas.ONEDNN_MARGIN * 2, "onednn"), (blas.ONEDNN_MARGIN / 2, "torch")):
+            stored.write_text(repr(speedup))  # what another process measured first
+            blas.onednn_speedup.cache_clear()
+            assert blas.onednn_speedup() == speedup and blas.chosen().name == name
+        stored.write_text("")  # cut short: measured again
+        blas.onednn_speedup.cache_clear()
+        assert blas.onednn_speedup() == float(stored.read_text()) > 0
+    finally:
+        blas.onednn_speedup.cache_clear()  # the suite's own cache's measurement again
+
+
 # --- which expansion a BLAS node gets (code generation only, nothing compiled) ---------------------------------
 
 
