@@ -31,19 +31,6 @@ def _program_body(host: str) -> str:
     return re.search(r"void __program_\w+_internal\(.*?\n}\n", host, re.S).group(0)
 
 
-def test_the_fused_mish_builds_for_cuda_without_a_gpu():
-    session = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0)
-    assert session.apply("tasklet_fusion").ok
-    for host, cuda in cuda_sources(session):
-        assert "__global__" in cuda
-        # on the binary's one stream, which each call sets to PyTorch's current one, and no host wait in a call
-        launches = re.findall(r"cudaLaunchKernel\(.*\);", cuda)
-        assert launches and all(launch.endswith(", 0, __state->gpu_context->streams[0]);") for launch in launches), launches
-        assert "Synchronize(" not in _program_body(host)
-        # 256 threads per block (8 rows of 32), not DaCe's one warp
-        assert "__launch_bounds__(256)" in cuda
-
-
 @pytest.mark.cuda
 def test_library_nodes_become_kernels():
     # Softmax's forward is one ONNX node and no map: it ran as host loops over device pointers (a segfault)
@@ -222,7 +209,7 @@ def test_every_cpu_step_builds_for_cuda_in_the_background(fresh_cache):
     for step in (naive, fused):
         cuda = _ended(step)
         assert cuda.state == "ok", (cuda.text, cuda.log)
-        # (cached where this process built the same binary before: the fused Mish above)
+        # (cached where this process built the same binary before)
         assert re.fullmatch(r"CUDA build: ok \(sm_90, (\d+\.\d s|cached)\)", cuda.text)
         assert cuda.text in step.as_text()
     assert fused.cuda.text in render.to_html(session)
@@ -234,6 +221,17 @@ def test_every_cpu_step_builds_for_cuda_in_the_background(fresh_cache):
     # cached by content: the same step built again takes nothing
     again = dcnb.optimize(Mish(), torch.rand(2, 3, 8, 8), baselines=(), time_budget=0.0, cuda_build=True)
     assert _ended(again.current).text == "CUDA build: ok (sm_90, cached)"
+    # the code built: kernels launched on the binary's one stream, which each call sets to PyTorch's current one,
+    # with no host wait in a call, in blocks of 256 threads (8 rows of 32), not DaCe's one warp
+    built = sorted(fresh_cache.glob("builds/*/src/cuda"))
+    assert len(built) == 4  # the naive and the fused step's forward and backward
+    for folder in built:
+        host, cuda = ("".join(f.read_text() for f in sorted(d.glob("*.c*"))) for d in (folder.with_name("cpu"), folder))
+        assert "__global__" in cuda and "__launch_bounds__(256)" in cuda
+        launches = re.findall(r"cudaLaunchKernel\(.*\);", cuda)
+        on_its_stream = ", 0, __state->gpu_context->streams[0]);"
+        assert launches and all(launch.endswith(on_its_stream) for launch in launches), launches
+        assert "Synchronize(" not in _program_body(host)
 
 
 def _states(pid: int) -> set[str]:

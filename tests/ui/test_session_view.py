@@ -161,12 +161,13 @@ class Checks:
         self.passed: list[str] = []
 
     def __call__(self, name: str, check) -> bool:
+        started = time.perf_counter()
         try:
             check()
         except (AssertionError, PlaywrightError) as e:
             self.failed.append(f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
             return False
-        self.passed.append(name)
+        self.passed.append(f"{name} ({time.perf_counter() - started:.1f} s)")
         return True
 
 
