@@ -36,8 +36,10 @@ from .errors import CompileError, DcnbError, first_line
 from .names import readable_sdfg, readable_text
 from .passes import vecmath
 
-# binaries loaded in this process, by cache key: undo and replay reuse them without reloading
-_loaded: dict[str, CompiledSDFG] = {}
+# binaries loaded in this process, by build folder (the cache's and the key's): undo and replay reuse them without
+# reloading. By key alone, a process whose DCNB_CACHE changed took a binary loaded from the other cache, and the
+# code view found no build folder for it in this one
+_loaded: dict[pathlib.Path, CompiledSDFG] = {}
 
 #: the stages of an SDFG's build that ``build`` reports (``Report``): made ready for the compiler here, then in
 #: its compile's process (which names them to ``forked.entering``, so a compile that times out says its stage)
@@ -132,11 +134,12 @@ class Started:
         for _ in compiled:
             events.emit("build")
         with _configured(self.device, self.cuda_arch):
-            for s, k in self.prepared:
-                if s is not None and k not in _loaded:
-                    _loaded[k] = compiler.load_precompiled_sdfg(_folder(k, s), s)
+            folders = [None if k is None else _folder(k, s).absolute() for s, k in self.prepared]
+            for (s, _), folder in zip(self.prepared, folders):
+                if folder is not None and folder not in _loaded:
+                    _loaded[folder] = compiler.load_precompiled_sdfg(folder, s)
         return Built(
-            binaries=[None if k is None else _loaded[k] for _, k in self.prepared],
+            binaries=[None if folder is None else _loaded[folder] for folder in folders],
             seconds=self.spent + time.perf_counter() - started if compiled else 0.0,
             sdfgs=[s for s, _ in self.prepared],
         )
@@ -172,7 +175,7 @@ def _started(compiles: Compiles, sdfg: dace.SDFG, device: str, cuda_arch: str | 
     """``sdfg`` prepared, with its key; its compile started unless it is loaded or on disk already."""
     with _configured(device, cuda_arch):
         sdfg, key, args = _prepare(sdfg, device)
-        if key not in _loaded and not _on_disk(sdfg, key):
+        if _folder(key, sdfg).absolute() not in _loaded and not _on_disk(sdfg, key):
             compiles.start(sdfg, key, device, cuda_arch, args)
     return sdfg, key
 

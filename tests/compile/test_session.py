@@ -13,6 +13,7 @@ import torch
 import dcnb
 from dcnb._src import build, events, forked, memory
 from dcnb._src import session as session_module
+from dcnb._src.views import sources
 from tests.models import Mish, TinyMLP
 
 pytestmark = pytest.mark.compile
@@ -77,7 +78,7 @@ print(counted["build"])
 """
 
 
-def test_builds_are_cached_by_content_in_process_and_on_disk(fresh_cache):
+def test_builds_are_cached_by_content_in_process_and_on_disk(fresh_cache, monkeypatch):
     shape = (3, 5, 7, 9)  # a content no other test builds
     with events.count() as counted:
         first = dcnb.optimize(Mish(), torch.rand(*shape), baselines=(), time_budget=0.05)
@@ -89,6 +90,13 @@ def test_builds_are_cached_by_content_in_process_and_on_disk(fresh_cache):
         [sys.executable, "-c", _COUNT_BUILDS], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert other_process.stdout.strip().splitlines()[-1] == "0"
+    # another cache, in the same process, holds builds of its own: the process took the binary it had loaded from the
+    # first, and the code view found no build folder for it in the second ("the build folder is gone")
+    monkeypatch.setenv("DCNB_CACHE", str(fresh_cache / "another"))
+    with events.count() as counted:
+        third = dcnb.optimize(Mish(), torch.rand(*shape), baselines=(), time_budget=0.05)
+    assert counted["build"] == 2 and len(list((fresh_cache / "another").rglob("*.so"))) >= 2
+    assert sources.generated(third.forward_sdfg)["text"]
 
 
 def test_actions_are_offered_with_their_phase_and_matches(mish_session):
