@@ -156,8 +156,11 @@ def onednn_speedup() -> float:
     try:
         with cache.locked([path]):
             try:
-                return float(path.read_text())
-            except (OSError, ValueError):  # not measured yet, or a file cut short
+                stored = float(path.read_text())
+                if not 0 < stored < float("inf"):
+                    raise ValueError(stored)
+                return stored
+            except (OSError, ValueError):  # not measured yet, or a file cut short or written wrong
                 speedup = _measure()
                 partial = path.with_name(f"{path.name}.{os.getpid()}")
                 partial.write_text(repr(speedup))

@@ -213,9 +213,10 @@ def test_the_measurement_is_made_once_per_machine_and_every_process_reads_it(fre
             stored.write_text(repr(speedup))  # what another process measured first
             blas.onednn_speedup.cache_clear()
             assert blas.onednn_speedup() == speedup and blas.chosen().name == name
-        stored.write_text("")  # cut short: measured again
-        blas.onednn_speedup.cache_clear()
-        assert blas.onednn_speedup() == float(stored.read_text()) > 0
+        for wrong in ("", "nan", "-1.0"):  # cut short, or written wrong: measured again
+            stored.write_text(wrong)
+            blas.onednn_speedup.cache_clear()
+            assert blas.onednn_speedup() == float(stored.read_text()) > 0
     finally:
         blas.onednn_speedup.cache_clear()  # the suite's own cache's measurement again
 
