@@ -19,12 +19,13 @@ def cuda_sources(session: dcnb.Session, arch: str = "90", sdfgs: list | None = N
     with temporary_config():
         Config.set("compiler", "cuda", "cuda_arch", value=arch)
         built = build.build(sdfgs, "cuda")
-    sources = []
-    for binary in built.binaries:
-        src = pathlib.Path(binary._lib._library_filename).parents[1] / "src"
-        read = lambda folder: "".join(f.read_text() for f in sorted((src / folder).glob("*.c*")))
-        sources.append((read("cpu"), read("cuda")))
-    return sources
+    return [built_sources(pathlib.Path(binary._lib._library_filename).parents[1]) for binary in built.binaries]
+
+
+def built_sources(folder: pathlib.Path) -> tuple[str, str]:
+    """(host code, CUDA code) of the CUDA build in the build ``folder``."""
+    read = lambda side: "".join(f.read_text() for f in sorted((folder / "src" / side).glob("*.c*")))
+    return read("cpu"), read("cuda")
 
 
 def for_cuda(session: dcnb.Session) -> list:

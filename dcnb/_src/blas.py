@@ -157,15 +157,15 @@ def onednn_speedup() -> float:
         with cache.locked([path]):
             try:
                 stored = float(path.read_text())
-                if not 0 < stored < float("inf"):
-                    raise ValueError(stored)
+            except (OSError, ValueError):  # not measured yet, or a file cut short
+                stored = 0.0
+            if 0 < stored < float("inf"):  # (else measured again: nan or a negative was written wrong)
                 return stored
-            except (OSError, ValueError):  # not measured yet, or a file cut short or written wrong
-                speedup = _measure()
-                partial = path.with_name(f"{path.name}.{os.getpid()}")
-                partial.write_text(repr(speedup))
-                os.replace(partial, path)
-                return speedup
+            speedup = _measure()
+            partial = path.with_name(f"{path.name}.{os.getpid()}")
+            partial.write_text(repr(speedup))
+            os.replace(partial, path)
+            return speedup
     except OSError:  # a cache that cannot be written: this process's own measurement
         return _measure()
 

@@ -18,7 +18,7 @@ import dcnb
 from dcnb._src import cuda_check, native, timing
 from dcnb._src.views import render
 from dcnb._src.views.widget import SessionWidget
-from tests.cuda_sources import cuda_sources, for_cuda
+from tests.cuda_sources import built_sources, cuda_sources, for_cuda
 from tests.hf_models import MODELS
 from tests.models import Mish
 from tests.zoo import CASES, ZOO
@@ -223,10 +223,10 @@ def test_every_cpu_step_builds_for_cuda_in_the_background(fresh_cache):
     assert _ended(again.current).text == "CUDA build: ok (sm_90, cached)"
     # the code built: kernels launched on the binary's one stream, which each call sets to PyTorch's current one,
     # with no host wait in a call, in blocks of 256 threads (8 rows of 32), not DaCe's one warp
-    built = sorted(fresh_cache.glob("builds/*/src/cuda"))
+    built = sorted(found.parents[1] for found in fresh_cache.glob("builds/*/src/cuda"))
     assert len(built) == 4  # the naive and the fused step's forward and backward
     for folder in built:
-        host, cuda = ("".join(f.read_text() for f in sorted(d.glob("*.c*"))) for d in (folder.with_name("cpu"), folder))
+        host, cuda = built_sources(folder)
         assert "__global__" in cuda and "__launch_bounds__(256)" in cuda
         launches = re.findall(r"cudaLaunchKernel\(.*\);", cuda)
         on_its_stream = ", 0, __state->gpu_context->streams[0]);"
