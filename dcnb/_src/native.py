@@ -1,6 +1,7 @@
 """The C++ per-call path (native.cpp): built once per machine and PyTorch version, in the background while a
 session's first step compiles, with PyTorch's own extension builder (into its folder for them,
-``$TORCH_EXTENSIONS_DIR`` or ~/.cache/torch_extensions, shared by every process and build cache).
+``$TORCH_EXTENSIONS_DIR`` or ~/.cache/torch_extensions, shared by every process and build cache; one process builds
+it at a time, and a build that was killed midway is built again, not waited on).
 
 Where it cannot be built (no Python headers, say) dcnb warns once and calls its binaries from Python: the same
 results, with more overhead per call, and no buffer pool. ``DCNB_NATIVE=0`` chooses the Python calls (to compare
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 import dace
 import torch
 
-from . import dace_internals, forked
+from . import cache, dace_internals, forked
 
 if TYPE_CHECKING:
     from dace.codegen.compiled_sdfg import CompiledSDFG
@@ -198,10 +199,25 @@ def _build() -> types.ModuleType:
 
     if shutil.which("ninja") is None:
         forked.put_first_on_path(ninja.BIN_DIR)
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(
-        b"\n".join([source, torch.__version__.encode(), sys.version.encode(), platform.machine().encode()])
-    ).hexdigest()[:16]
-    return cpp_extension.load(
-        name=f"dcnb_native_{key}", sources=[str(_SOURCE)], extra_cflags=["-O2"], extra_ldflags=["-ldl"], verbose=False
-    )
+    folder = _folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    with cache.locked([folder]):
+        # PyTorch's builder waits for ever on the lock file of a build that was killed (a kernel restarted during
+        # its first step): every build of ours holds the flock, so a lock file found under it is such a leftover
+        (folder / "lock").unlink(missing_ok=True)
+        return cpp_extension.load(
+            name=folder.name, sources=[str(_SOURCE)], extra_cflags=["-O2"], extra_ldflags=["-ldl"],
+            build_directory=str(folder), verbose=False,
+        )
+
+
+def _folder() -> pathlib.Path:
+    """The extension's build folder, named for its source, PyTorch, Python and the machine, and for the paths
+    PyTorch's build file names: two checkouts or environments (a link and its target) that shared one folder rebuilt
+    it each time the other had built last (a minute on two cores)."""
+    from torch.utils import cpp_extension
+
+    described = [torch.__version__, sys.version, platform.machine(), str(_SOURCE), torch.__file__]
+    key = hashlib.sha256(b"\n".join([_SOURCE.read_bytes(), *(d.encode() for d in described)])).hexdigest()[:16]
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return pathlib.Path(root) / f"dcnb_native_{key}"

@@ -425,3 +425,34 @@ def test_a_cpp_call_path_that_does_not_build_falls_back_to_python_and_says_so_on
     assert (tmp_path / "called").exists()  # the failure is the compiler's
     assert len(result["said"]) == 1 and "called from Python" in result["said"][0], result["said"]
     assert result["python"] and result["ok"]
+
+
+def test_a_cpp_call_path_build_killed_midway_is_built_again_not_waited_on(tmp_path):
+    # a kernel restarted while the call path built left PyTorch's lock file behind, and every later process waited on
+    # it for ever (a suite run hung on its first test)
+    extensions, started = tmp_path / "extensions", tmp_path / "started"
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions), DCNB_NATIVE="1")
+    # (PyTorch asks the compiler its version first: that one answers)
+    compiles = f'case " $* " in *" -c "*) touch "{started}"; exec sleep 120;; esac\nexec c++ "$@"'
+    env["CXX"] = str(_script(tmp_path / "slow-c++", compiles))
+    killed = subprocess.Popen(
+        [sys.executable, "-c", "from dcnb._src import native; native.extension()"],
+        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not started.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert started.exists(), "the first build never reached its compiler"
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert list(extensions.glob("**/lock")), "the killed build left no lock file: nothing to test"
+    # the next process builds (here with a compiler that fails at once: its fallback says so) instead of waiting
+    env["CXX"] = str(_script(tmp_path / "failing-c++", 'echo "error: no" >&2\nexit 1'))
+    env["DACE_compiler_cpu_executable"] = shutil.which("c++") or "c++"
+    done = subprocess.run(
+        [sys.executable, "-c", _NATIVE], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(result["said"]) == 1 and "called from Python" in result["said"][0], result["said"]
+    assert result["python"] and result["ok"]

@@ -19,3 +19,14 @@ def test_without_a_compiler_error_the_last_line_says_it():
     assert native._cause("ImportError: x.so: cannot open shared object file\n") == (
         "ImportError: x.so: cannot open shared object file"
     )
+
+
+def test_each_checkout_builds_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    # two checkouts sharing one folder rebuilt the extension each time the other had built it last
+    first = native._folder()
+    assert native._folder() == first
+    copy = tmp_path / "checkout" / native._SOURCE.name
+    copy.parent.mkdir()
+    copy.write_bytes(native._SOURCE.read_bytes())
+    monkeypatch.setattr(native, "_SOURCE", copy)
+    assert native._folder() != first and native._folder().parent == first.parent
