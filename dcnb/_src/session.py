@@ -327,6 +327,12 @@ class Session:
         """The transformations on offer now, each with how many places it matches (``matches``; 0: not
         applicable) and, where it can list them, those places (``at``, as ``places`` lists them)."""
         where = None if where is None else tuple(where)
+        # once a state, selection and set of actions: the view asks again after each request, a cancelled step's
+        # too (450 ms of the 2 s a Cancel may take, on eight pre-norm blocks)
+        key = f"offers {where!r} {' '.join(actions.REGISTRY)}"
+        return list(self._states[-1].analysis.result(key, lambda: self._offers(where)))
+
+    def _offers(self, where: tuple[str, ...] | None) -> list[actions.Action]:
         state = self._states[-1]
         offers = []
         for action in actions.REGISTRY.values():
