@@ -162,9 +162,7 @@ def onednn_speedup() -> float:
             if 0 < stored < float("inf"):  # (else measured again: nan or a negative was written wrong)
                 return stored
             speedup = _measure()
-            partial = path.with_name(f"{path.name}.{os.getpid()}")
-            partial.write_text(repr(speedup))
-            os.replace(partial, path)
+            cache.write_whole(path, repr(speedup))
             return speedup
     except OSError:  # a cache that cannot be written: this process's own measurement
         return _measure()

@@ -74,10 +74,16 @@ def _fixes_digest() -> str:
 
 def record(folder: pathlib.Path, files: Iterable[pathlib.Path]) -> None:
     """Mark the build in ``folder`` finished: the checksum of each of its ``files``, written last."""
-    text = "".join(f"{_sha256(f)}  {f.relative_to(folder)}\n" for f in files)
-    staging = folder / f"{CHECKSUMS}.{os.getpid()}"
+    # whole: a build stopped before it ends leaves no checksum file
+    write_whole(folder / CHECKSUMS, "".join(f"{_sha256(f)}  {f.relative_to(folder)}\n" for f in files))
+
+
+def write_whole(path: pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all, for any process reading it at any moment: staged under a
+    name of this process's own, then renamed over it (atomic)."""
+    staging = path.with_name(f"{path.name}.{os.getpid()}")
     staging.write_text(text)
-    os.replace(staging, folder / CHECKSUMS)  # atomic: a build stopped before this line leaves no checksum file
+    os.replace(staging, path)
 
 
 def intact(folder: pathlib.Path, binary: pathlib.Path) -> bool:
