@@ -417,12 +417,18 @@ def test_a_cpp_call_path_that_does_not_build_falls_back_to_python_and_says_so_on
         DACE_compiler_cpu_executable=shutil.which("c++") or "c++",  # DaCe would take $CXX too; not here
         DCNB_NATIVE="1",
     )
+    _falls_back_to_python(env, timeout=300)
+    assert (tmp_path / "called").exists()  # the failure is the compiler's
+
+
+def _falls_back_to_python(env: dict[str, str], timeout: float) -> None:
+    """Two sessions in a process of their own, with ``env``: the call path did not build, which it says once, and
+    both call their binaries from Python, with PyTorch's results."""
     done = subprocess.run(
-        [sys.executable, "-c", _NATIVE], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _NATIVE], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (tmp_path / "called").exists()  # the failure is the compiler's
     assert len(result["said"]) == 1 and "called from Python" in result["said"][0], result["said"]
     assert result["python"] and result["ok"]
 
@@ -449,10 +455,4 @@ def test_a_cpp_call_path_build_killed_midway_is_built_again_not_waited_on(tmp_pa
     # the next process builds (here with a compiler that fails at once: its fallback says so) instead of waiting
     env["CXX"] = str(_script(tmp_path / "failing-c++", 'echo "error: no" >&2\nexit 1'))
     env["DACE_compiler_cpu_executable"] = shutil.which("c++") or "c++"
-    done = subprocess.run(
-        [sys.executable, "-c", _NATIVE], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(result["said"]) == 1 and "called from Python" in result["said"][0], result["said"]
-    assert result["python"] and result["ok"]
+    _falls_back_to_python(env, timeout=180)
