@@ -181,3 +181,19 @@ def test_squeeze_and_excitations_written_with_means_and_views_are_laid_out_and_d
     images = [d for d in session.forward_sdfg.arrays.values() if tuple(int(n) for n in d.shape) == (2, 8, 20, 20)]
     assert images and all(map(_channels_last, images))
     assert _source(session, "forward").count("_sums[c] +=") == 2
+
+
+def test_a_scale_over_channels_last_pixels_sums_its_gradient_in_their_memory_order():
+    # a squeeze-and-excitation's scale gradient sums each channel over the pixels: its terms are laid out as the
+    # image is, each pixel's channels innermost, and summed down those columns, where they went per channel across
+    # the pixels (EfficientNet-B0's first block: 6.4 ms against 0.3 for its forward)
+    torch.manual_seed(0)
+    module = _SqueezeExcitations(channels=16).double()
+    session = dcnb.optimize(module, torch.randn(2, 3, 20, 20, dtype=torch.float64), baselines=(), time_budget=0.01)
+    step = session.apply("channels_last")
+    assert step.ok and step.check.ok, step.error
+    arrays = session.backward_sdfg.arrays
+    terms = {n: tuple(int(s) for s in d.shape) for n, d in arrays.items() if n.endswith("_terms") and len(d.shape) == 4}
+    assert sorted(terms.values()) == [(2, 20, 20, 16)] * 2, terms
+    calls = [line for line in _source(session, "backward").splitlines() if "reduce_columns_" in line]
+    assert all(any(f"{name}[0]" in line for line in calls) for name in terms), calls

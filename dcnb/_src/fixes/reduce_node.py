@@ -9,9 +9,10 @@ needs:
   emits the loop with ``#pragma omp simd reduction``: reassociation for this loop only, as OpenMP defines it, so
   the row is reduced a vector at a time. Sums along a row keep DaCe's loop: the build lets GCC reassociate sums
   (build.py), and as a map that loop can fuse into the one computing its terms (actions/rows.py).
-- down each column (a norm's weight and bias gradients: a sum over all rows per feature): one loop per column
-  strides a whole row between elements. ColumnSums walks the rows in order with a tile of columns innermost, one
-  tile per thread, so memory is read in order and the inner loop vectorizes without reassociating.
+- down each column (a norm's weight and bias gradients: a sum over all rows per feature; a scale's gradient
+  over each channels-last image: a sum over its pixels per channel): one loop per column strides a whole row
+  between elements. ColumnSums walks the rows in order with a tile of columns innermost, one tile per thread, so
+  memory is read in order and the inner loop vectorizes without reassociating.
 
 Sums accumulate in a wider type than their terms (float32 in float64), as PyTorch's do (pairwise or in a wider
 type): added one after another in float32, a BatchNorm's mean over a batch of 224x224 images (25,088 terms per
@@ -92,11 +93,21 @@ def is_column_sum(node: Reduce, state: dace.SDFGState) -> bool:
 
 
 def _down_columns(node: Reduce, state: dace.SDFGState) -> bool:
+    return _leading(node, state) == 0
+
+
+def _leading(node: Reduce, state: dace.SDFGState) -> int | None:
+    """How many leading axes ``node`` keeps where it sums down columns, each of them apart: every axis from there
+    on but the last, into the kept axes and the last (a batch of images' channels summed over their pixels, laid
+    out channels-last); None where it reduces otherwise."""
     shapes = _shapes(node, state)
     if shapes is None:
-        return False
+        return None
     shape, out, axes = shapes
-    return axes == list(range(len(shape) - 1)) and out[-1] == shape[-1] and all(s == 1 for s in out[:-1])
+    lead = axes[0] if axes else None
+    if lead is None or axes != list(range(lead, len(shape) - 1)) or out[-1] != shape[-1]:
+        return None
+    return lead if [s for s in out[:-1] if s != 1] == [s for s in shape[:lead] if s != 1] else None
 
 
 def _shapes(node: Reduce, state: dace.SDFGState) -> tuple[list[int], list[int], list[int]] | None:
@@ -118,8 +129,8 @@ def _shapes(node: Reduce, state: dace.SDFGState) -> tuple[list[int], list[int], 
 
 
 def _column_tile(node: Reduce, state: dace.SDFGState) -> int | None:
-    """Columns per tile where ``node`` reduces over every axis but the last into that axis' length, else None."""
-    if not _down_columns(node, state):
+    """Columns per tile where ``node`` sums down columns (``_leading``), else None."""
+    if _leading(node, state) is None:
         return None
     shape = _shapes(node, state)[0]
     tile = max(d for d in range(1, min(COLUMN_TILE, shape[-1]) + 1) if shape[-1] % d == 0)
@@ -191,42 +202,47 @@ class RowReduction(ExpandTransformation):
 
 @register_expansion(Reduce, "dcnb-columns")
 class ColumnSums(ExpandTransformation):
-    """A parallel map over tiles of columns around a sequential walk over the rows, the tile's columns innermost,
-    into sums of the wider type, then a walk over the tile writing them out."""
+    """A parallel map over tiles of columns (and the kept leading indices) around a sequential walk over the rows,
+    the tile's columns innermost, into sums of the wider type, then a walk over the tile writing them out."""
 
     environments = []
 
     @staticmethod
     def expansion(node: Reduce, state: dace.SDFGState, sdfg: dace.SDFG) -> dace.SDFG:
         shape, out, _ = _shapes(node, state)
-        tile = _column_tile(node, state)
+        tile, lead = _column_tile(node, state), _leading(node, state)
         dtype = sdfg.arrays[state.in_edges(node)[0].data.data].dtype
         nsdfg = _nested(node, state, sdfg, "reduce_columns")
-        nsdfg.add_transient("_acc", [shape[-1]], _accumulator(node, dtype))
-        rows = [f"_r{i}" for i in range(len(shape) - 1)]
+        # a tile's sums per kept leading index: those go in parallel too
+        nsdfg.add_transient("_acc", [*shape[:lead], shape[-1]], _accumulator(node, dtype))
+        kept = [f"_k{i}" for i in range(lead)]
+        acc = f"_acc[{', '.join([*kept, '_c'])}]"
+        rows = [f"_r{i}" for i in range(lead, len(shape) - 1)]
         # one state, so that the parent state stays one once this is inlined and the maps around it can fuse
         body = nsdfg.add_state("sum")
-        tiles_entry, tiles_exit = body.add_map("column_tiles", {"_t": f"0:{shape[-1] // tile}"})
+        tiles = {k: f"0:{n}" for k, n in zip(kept, shape)} | {"_t": f"0:{shape[-1] // tile}"}
+        tiles_entry, tiles_exit = body.add_map("column_tiles", tiles)
         columns = f"_t * {tile}:_t * {tile} + {tile}"
         reset_entry, reset_exit = body.add_map("reset", {"_c": columns}, schedule=dace.ScheduleType.Sequential)
         reset = body.add_tasklet("reset", {}, {"o"}, f"o = {node.identity}")
         body.add_nedge(tiles_entry, reset_entry, dace.Memlet())
         body.add_nedge(reset_entry, reset, dace.Memlet())
         zeroed = body.add_access("_acc")
-        body.add_memlet_path(reset, reset_exit, zeroed, src_conn="o", memlet=dace.Memlet("_acc[_c]"))
-        ranges = {r: f"0:{n}" for r, n in zip(rows, shape)} | {"_c": columns}
+        body.add_memlet_path(reset, reset_exit, zeroed, src_conn="o", memlet=dace.Memlet(acc))
+        ranges = {r: f"0:{n}" for r, n in zip(rows, shape[lead:])} | {"_c": columns}
         rows_entry, rows_exit = body.add_map("rows", ranges, schedule=dace.ScheduleType.Sequential)
         # reads the reset tile ("a", unused) so that the sums start after it
         add = body.add_tasklet("add", {"a", "b"}, {"o"}, "o = b")
-        body.add_memlet_path(zeroed, rows_entry, add, dst_conn="a", memlet=dace.Memlet("_acc[_c]"))
-        element = dace.Memlet(f"_in[{', '.join(rows)}, _c]")
+        body.add_memlet_path(zeroed, rows_entry, add, dst_conn="a", memlet=dace.Memlet(acc))
+        element = dace.Memlet(f"_in[{', '.join([*kept, *rows, '_c'])}]")
         body.add_memlet_path(body.add_read("_in"), tiles_entry, rows_entry, add, dst_conn="b", memlet=element)
         summed = body.add_access("_acc")
-        body.add_memlet_path(add, rows_exit, summed, src_conn="o", memlet=dace.Memlet("_acc[_c]", wcr=node.wcr))
+        body.add_memlet_path(add, rows_exit, summed, src_conn="o", memlet=dace.Memlet(acc, wcr=node.wcr))
         out_entry, out_exit = body.add_map("write", {"_c": columns}, schedule=dace.ScheduleType.Sequential)
         write = body.add_tasklet("write", {"a"}, {"o"}, "o = a")
-        body.add_memlet_path(summed, out_entry, write, dst_conn="a", memlet=dace.Memlet("_acc[_c]"))
-        total = dace.Memlet(f"_out[{_output_index(out, ['_c'])}]")
+        body.add_memlet_path(summed, out_entry, write, dst_conn="a", memlet=dace.Memlet(acc))
+        index = _output_index(out, [k for k, n in zip(kept, shape) if n != 1] + ["_c"])
+        total = dace.Memlet(f"_out[{index}]")
         body.add_memlet_path(write, out_exit, tiles_exit, body.add_write("_out"), src_conn="o", memlet=total)
         return nsdfg
 

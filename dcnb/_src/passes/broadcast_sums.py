@@ -42,7 +42,8 @@ def sums_without_atomics(sdfg: dace.SDFG) -> int:
             for edge in list(state.out_edges(exit_node)):
                 reduced = _reduced(sdfg, state, entry, edge)
                 if reduced is not None:
-                    _to_reduce(sdfg, state, entry, exit_node, edge, *reduced)
+                    order = _memory_order(sdfg, state, entry, children[entry])
+                    _to_reduce(sdfg, state, entry, exit_node, edge, *reduced, order)
                     turned += 1
     return turned
 
@@ -95,12 +96,37 @@ def _reduced(sdfg, state, entry, edge) -> tuple[object, list[int], list[int]] | 
     return inner[0], sizes, [i for i, p in enumerate(params) if p not in used]
 
 
-def _to_reduce(sdfg, state, entry, exit_node, edge, inner, sizes: list[int], axes: list[int]) -> None:
+def _memory_order(sdfg: dace.SDFG, state: dace.SDFGState, entry: nodes.MapEntry, body: list) -> list[int]:
+    """The map's parameters (their indices), outermost first, in the memory order of the arrays its tasklets read
+    and write an element of with every parameter, one per dimension; the map's own order where there are none or
+    they disagree. Over channels-last images (n, c, h, w) goes (n, h, w, c)."""
+    params = entry.map.params
+    orders = set()
+    for node in body:
+        if not isinstance(node, nodes.Tasklet):
+            continue
+        for edge in (*state.in_edges(node), *state.out_edges(node)):
+            if edge.data.is_empty() or edge.data.subset.num_elements() != 1:
+                continue
+            indices = [str(begin) for begin, _, _ in edge.data.subset.ndrange()]
+            strides = sdfg.arrays[edge.data.data].strides
+            if sorted(indices) != sorted(params) or not all(isinstance(s, int) or s.is_Integer for s in strides):
+                continue
+            by_param = {index: int(stride) for index, stride in zip(indices, strides)}
+            orders.add(tuple(sorted(range(len(params)), key=lambda i: -by_param[params[i]])))
+    return list(orders.pop()) if len(orders) == 1 else list(range(len(params)))
+
+
+def _to_reduce(
+    sdfg, state, entry, exit_node, edge, inner, sizes: list[int], axes: list[int], order: list[int]
+) -> None:
     params = entry.map.params
     target, dtype = edge.data.data, sdfg.arrays[edge.data.data].dtype
-    kept = [i for i in range(len(params)) if i not in axes]
+    kept = [i for i in order if i not in axes]
 
-    terms, _ = sdfg.add_transient(f"{target}_terms", sizes, dtype, find_new_name=True)
+    # the terms laid out as the map's other arrays are, so that the map can go in memory order (memory_order.py)
+    # and the sum read the terms in it: over channels-last images, each pixel's channels
+    terms, _ = sdfg.add_transient(f"{target}_terms", [sizes[i] for i in order], dtype, find_new_name=True)
     # (one element where every parameter is summed over: a PReLU's single slope)
     sums, _ = sdfg.add_transient(f"{target}_sums", [sizes[i] for i in kept] or [1], dtype, find_new_name=True)
     terms_node, sums_node = state.add_access(terms), state.add_access(sums)
@@ -109,7 +135,7 @@ def _to_reduce(sdfg, state, entry, exit_node, edge, inner, sizes: list[int], axe
     connector = exit_node.next_connector(terms)
     exit_node.add_in_connector("IN_" + connector)
     exit_node.add_out_connector("OUT_" + connector)
-    term = dace.Memlet(f"{terms}[{', '.join(params)}]")
+    term = dace.Memlet(f"{terms}[{', '.join(params[i] for i in order)}]")
     state.add_edge(inner.src, inner.src_conn, exit_node, "IN_" + connector, term)
     state.add_edge(exit_node, "OUT_" + connector, terms_node, None, sdfg.make_array_memlet(terms))
     state.remove_edge(inner)
@@ -117,7 +143,7 @@ def _to_reduce(sdfg, state, entry, exit_node, edge, inner, sizes: list[int], axe
     exit_node.remove_in_connector("IN_" + edge.src_conn[4:])
     exit_node.remove_out_connector(edge.src_conn)
 
-    reduce = Reduce("sum_" + target, wcr="lambda a, b: a + b", axes=axes, identity=0)
+    reduce = Reduce("sum_" + target, wcr="lambda a, b: a + b", axes=sorted(order.index(i) for i in axes), identity=0)
     state.add_node(reduce)
     state.add_edge(terms_node, None, reduce, None, sdfg.make_array_memlet(terms))
     state.add_edge(reduce, None, sums_node, None, sdfg.make_array_memlet(sums))
