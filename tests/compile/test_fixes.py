@@ -788,6 +788,20 @@ def test_reductions_take_no_atomics_on_the_cpu():
         assert "reduce_atomic" not in cpu_source(binary)
 
 
+class _TokenSum(nn.Module):
+    def forward(self, x):
+        return x.sum(1)
+
+
+def test_a_sum_over_a_middle_axis_walks_each_batch_down_its_columns():
+    # a sum over the tokens of (batch, tokens, features) keeps the batch and the features: a loop per output element
+    # read the tokens a row apart; summed per batch down the columns, as a norm's gradients are, they are read in
+    # order
+    session = _optimize(_TokenSum(), torch.randn(4, 32, 64))
+    _assert_checked(session, "grad x")
+    assert "reduce_columns_" in cpu_source(session._states[-1].runner.forward_binary)
+
+
 class _Transposed(nn.Module):
     def __init__(self):
         super().__init__()
