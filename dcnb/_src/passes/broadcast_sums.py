@@ -110,7 +110,8 @@ def _memory_order(sdfg: dace.SDFG, state: dace.SDFGState, entry: nodes.MapEntry,
                 continue
             indices = [str(begin) for begin, _, _ in edge.data.subset.ndrange()]
             strides = sdfg.arrays[edge.data.data].strides
-            if sorted(indices) != sorted(params) or not all(isinstance(s, int) or s.is_Integer for s in strides):
+            constant = all(getattr(s, "is_Integer", isinstance(s, int)) for s in strides)
+            if sorted(indices) != sorted(params) or not constant:
                 continue
             by_param = {index: int(stride) for index, stride in zip(indices, strides)}
             orders.add(tuple(sorted(range(len(params)), key=lambda i: -by_param[params[i]])))
