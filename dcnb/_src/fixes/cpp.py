@@ -66,15 +66,23 @@ def loops(variables: list[str], sizes: list) -> tuple[str, str]:
     return head, "}\n" * len(variables)
 
 
+def memory_order(desc: dt.Data) -> list[int] | None:
+    """``desc``'s dimensions in memory order, the largest stride first (equal strides in dimension order); None
+    where its strides are symbolic."""
+    try:
+        strides = [int(s) for s in desc.strides]
+    except TypeError:
+        return None
+    return sorted(range(len(desc.shape)), key=lambda d: -strides[d])
+
+
 def memory_loops(variables: list[str], desc: dt.Data) -> tuple[str, str]:
     """``loops`` over ``desc``'s elements (``variables`` index its dimensions in order), the dimension of the largest
     stride outermost: over a channels-last image the channels innermost, where shape order read an element C apart
     each step."""
-    try:
-        strides = [int(s) for s in desc.strides]
-    except TypeError:  # symbolic strides: shape order
+    order = memory_order(desc)
+    if order is None:  # symbolic strides: shape order
         return loops(variables, desc.shape)
-    order = sorted(range(len(desc.shape)), key=lambda d: -strides[d])
     return loops([variables[d] for d in order], [desc.shape[d] for d in order])
 
 

@@ -89,11 +89,7 @@ def _accumulator(node: Reduce, dtype: dace.typeclass) -> dace.typeclass:
 
 def is_column_sum(node: Reduce, state: dace.SDFGState) -> bool:
     """Whether ``node`` sums a whole array over every axis but the last (into that axis' length)."""
-    return _down_columns(node, state) and detect_reduction_type(node.wcr) == dace.dtypes.ReductionType.Sum
-
-
-def _down_columns(node: Reduce, state: dace.SDFGState) -> bool:
-    return _leading(node, state) == 0
+    return _leading(node, state) == 0 and detect_reduction_type(node.wcr) == dace.dtypes.ReductionType.Sum
 
 
 def _leading(node: Reduce, state: dace.SDFGState) -> int | None:

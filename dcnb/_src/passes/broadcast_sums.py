@@ -19,6 +19,7 @@ from dace.frontend.operations import detect_reduction_type
 from dace.libraries.standard import Reduce
 from dace.sdfg import nodes
 
+from ..fixes import cpp
 from .top_level import add_top_level_map
 
 _PARALLEL = (dace.ScheduleType.Default, dace.ScheduleType.CPU_Multicore)
@@ -39,10 +40,11 @@ def sums_without_atomics(sdfg: dace.SDFG) -> int:
             if entry.map.schedule not in _PARALLEL:
                 continue
             exit_node = next(n for n in children[entry] if isinstance(n, nodes.ExitNode))
+            order = None  # the map's memory order, once it has a sum to turn
             for edge in list(state.out_edges(exit_node)):
                 reduced = _reduced(sdfg, state, entry, edge)
                 if reduced is not None:
-                    order = _memory_order(sdfg, state, entry, children[entry])
+                    order = order or _memory_order(sdfg, state, entry, children[entry])
                     _to_reduce(sdfg, state, entry, exit_node, edge, *reduced, order)
                     turned += 1
     return turned
@@ -109,12 +111,11 @@ def _memory_order(sdfg: dace.SDFG, state: dace.SDFGState, entry: nodes.MapEntry,
             if edge.data.is_empty() or edge.data.subset.num_elements() != 1:
                 continue
             indices = [str(begin) for begin, _, _ in edge.data.subset.ndrange()]
-            strides = sdfg.arrays[edge.data.data].strides
-            constant = all(getattr(s, "is_Integer", isinstance(s, int)) for s in strides)
-            if sorted(indices) != sorted(params) or not constant:
+            if sorted(indices) != sorted(params):
                 continue
-            by_param = {index: int(stride) for index, stride in zip(indices, strides)}
-            orders.add(tuple(sorted(range(len(params)), key=lambda i: -by_param[params[i]])))
+            dims = cpp.memory_order(sdfg.arrays[edge.data.data])
+            if dims is not None:
+                orders.add(tuple(params.index(indices[d]) for d in dims))
     return list(orders.pop()) if len(orders) == 1 else list(range(len(params)))
 
 
