@@ -88,6 +88,7 @@ def import_module(
         # simplified first, so that shape arithmetic (Shape, Gather, Mod, ...) is folded before ops are checked
         model_proto = infer_shapes_onnx_model(model_proto)
         _indices_from_the_start(model_proto)
+        _explicit_valid_pads(model_proto)
         model_proto = simplify_onnx_model(model_proto, auto_merge=False)
         own = _standard_for_own_ops(model_proto)
         _global_average_pools(model_proto)
@@ -243,6 +244,21 @@ def _indices_from_the_start(model: onnx.ModelProto) -> None:
         rewritten.append(node)
     del model.graph.node[:]
     model.graph.node.extend(rewritten)
+
+
+def _explicit_valid_pads(model: onnx.ModelProto) -> None:
+    """Give each Conv exported with ``auto_pad="VALID"`` (``padding="valid"``) its zero pads explicitly, which means
+    the same: the simplifier then folds a zero Pad in front of it into the convolution's pads, as it does where the
+    pads are explicit (TensorFlow-style padding, Hugging Face's EfficientNet's before each stride-2 convolution),
+    and no padded copy of the image is made and stored for the backward."""
+    # gap: onnxsim leaves a zero Pad in front of a Conv exported with auto_pad VALID (padding="valid") unfused
+    for node in model.graph.node:
+        valid = [a for a in node.attribute if a.name == "auto_pad" and a.s == b"VALID"]
+        kernel = next((a.ints for a in node.attribute if a.name == "kernel_shape"), None)
+        if node.op_type != "Conv" or not valid or kernel is None:
+            continue
+        node.attribute.remove(valid[0])
+        node.attribute.append(onnx.helper.make_attribute("pads", [0] * (2 * len(kernel))))
 
 
 def _global_average_pools(model: onnx.ModelProto) -> None:

@@ -6,6 +6,8 @@
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <cstdio>
 #include <limits>
@@ -27,12 +29,10 @@ at::Tensor wrap(const void* data, int64_t dims, const int64_t* shape, const int6
                          options(is_double));
 }
 
-// an operand the call does not read but ATen's signature takes: its shape, no values, in the layout the kernel is
-// chosen for
-at::Tensor given_or_empty(const void* data, int64_t dims, const int64_t* shape, const int64_t* strides, int is_double,
-                          at::MemoryFormat format = at::MemoryFormat::Contiguous) {
+// an operand the call does not read but ATen's signature takes: its shape, no values
+at::Tensor given_or_empty(const void* data, int64_t dims, const int64_t* shape, const int64_t* strides, int is_double) {
     return data ? wrap(data, dims, shape, strides, is_double)
-                : at::empty(at::IntArrayRef(shape, dims), options(is_double).memory_format(format));
+                : at::empty(at::IntArrayRef(shape, dims), options(is_double));
 }
 
 // whether a 4-d operand is laid out channels-last (the channels_last action's images), not merely both ways (an
@@ -40,6 +40,46 @@ at::Tensor given_or_empty(const void* data, int64_t dims, const int64_t* shape, 
 bool channels_last(const at::Tensor& t) {
     return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast);
 }
+
+// a convolution's pads as ATen takes them: as many at both ends of a dimension (the fewer of its two), and the zeros
+// added to the input beforehand where the two differ (TensorFlow's SAME at stride 2 pads one more at the end);
+// ``pad`` holds the leading pads, then the trailing ones
+struct Padding {
+    std::vector<int64_t> even, before, after;
+    bool uneven = false;
+
+    Padding(int64_t rank, const int64_t* pad) {
+        for (int64_t d = 0; d < rank; ++d) {
+            even.push_back(std::min(pad[d], pad[rank + d]));
+            before.push_back(pad[d] - even[d]);
+            after.push_back(pad[rank + d] - even[d]);
+            uneven = uneven || pad[d] != pad[rank + d];
+        }
+    }
+
+    // x's shape padded
+    std::vector<int64_t> shape(int64_t dims, const int64_t* x_shape) const {
+        std::vector<int64_t> shape(x_shape, x_shape + dims);
+        for (size_t d = 0; d < even.size(); ++d) shape[2 + d] += before[d] + after[d];
+        return shape;
+    }
+
+    // x, where the pads are uneven padded into a new tensor laid out ``format`` (one copy, whatever x's layout)
+    at::Tensor padded(const at::Tensor& x, at::MemoryFormat format) const {
+        if (!uneven) return x;
+        auto out = at::zeros(shape(x.dim(), x.sizes().data()), x.options().memory_format(format));
+        auto inside = out;
+        for (size_t d = 0; d < even.size(); ++d) inside = inside.narrow(2 + d, before[d], x.size(2 + d));
+        inside.copy_(x);
+        return out;
+    }
+
+    // x's gradient from the padded input's
+    at::Tensor cropped(at::Tensor gx, const int64_t* x_shape) const {
+        for (size_t d = 0; uneven && d < even.size(); ++d) gx = gx.narrow(2 + d, before[d], x_shape[2 + d]);
+        return gx;
+    }
+};
 
 // where ATen refuses (it should not: the expansion checked what it takes), the outputs become NaN, which the check
 // against PyTorch then reports, and the reason goes to stderr
@@ -63,13 +103,15 @@ void dcnb_torch_conv(int is_double, int64_t rank, const int64_t* x_shape, const 
         auto X = wrap(x, rank + 2, x_shape, x_strides, is_double);
         // an input of PyTorch's layout into a channels-last image (a network's first convolution): ATen picks its
         // kernel by the input's layout, and the copy costs less than computing (N, C, H, W) and transposing it
+        const Padding padding(rank, pad);
+        X = padding.padded(X, X.suggest_memory_format());
         if (channels_last(Y) && !channels_last(X)) X = X.contiguous(at::MemoryFormat::ChannelsLast);
         auto W = wrap(w, rank + 2, w_shape, w_strides, is_double);
         std::optional<at::Tensor> B;
         const int64_t one = 1;
         if (b) B = wrap(b, 1, w_shape, &one, is_double);
         std::vector<int64_t> no_output_padding(rank, 0);
-        Y.copy_(at::convolution(X, W, B, at::IntArrayRef(stride, rank), at::IntArrayRef(pad, rank),
+        Y.copy_(at::convolution(X, W, B, at::IntArrayRef(stride, rank), padding.even,
                                 at::IntArrayRef(dilation, rank), false, no_output_padding, groups));
     } catch (const std::exception& e) {
         failed(e.what(), {Y});
@@ -97,18 +139,21 @@ void dcnb_torch_conv_backward(int is_double, int64_t rank, const int64_t* x_shap
         const bool last = depthwise || channels_last(DY) ||
                           (x && channels_last(wrap(x, rank + 2, x_shape, x_strides, is_double)));
         const auto format = last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-        auto X = given_or_empty(x, rank + 2, x_shape, x_strides, is_double, format);
+        const Padding padding(rank, pad);
+        // the input padded, or an unread placeholder of its padded shape in the layout the kernel is chosen for
+        auto X = x ? padding.padded(wrap(x, rank + 2, x_shape, x_strides, is_double), format)
+                   : at::empty(padding.shape(rank + 2, x_shape), options(is_double).memory_format(format));
         auto W = given_or_empty(w, rank + 2, w_shape, w_strides, is_double);
         if (last) {
-            if (x) X = X.contiguous(format);  // (an unread placeholder is made so, not copied)
+            if (x) X = X.contiguous(format);
             DY = DY.contiguous(format);
         }
         std::vector<int64_t> no_output_padding(rank, 0), bias{w_shape[0]};
         auto [gx, gw, gb] = at::convolution_backward(
-            DY, X, W, db ? at::OptionalIntArrayRef(bias) : std::nullopt, at::IntArrayRef(stride, rank),
-            at::IntArrayRef(pad, rank), at::IntArrayRef(dilation, rank), false, no_output_padding, groups,
+            DY, X, W, db ? at::OptionalIntArrayRef(bias) : std::nullopt, at::IntArrayRef(stride, rank), padding.even,
+            at::IntArrayRef(dilation, rank), false, no_output_padding, groups,
             {dx != nullptr, dw != nullptr, db != nullptr});
-        if (dx) DX.copy_(gx);
+        if (dx) DX.copy_(padding.cropped(gx, x_shape));
         if (dw) DW.copy_(gw);
         if (db) DB.copy_(gb);
     } catch (const std::exception& e) {

@@ -5,7 +5,7 @@
 
 extern "C" {
 // y = conv(x, w) + b over (N, C, spatial...) with ``rank`` spatial dimensions; b (packed, one per output channel)
-// may be null
+// may be null; ``pad`` holds the pads before each spatial dimension, then those after it
 void dcnb_torch_conv(int is_double, int64_t rank, const int64_t* x_shape, const int64_t* x_strides, const void* x,
                      const int64_t* w_shape, const int64_t* w_strides, const void* w, const void* b,
                      const int64_t* y_shape, const int64_t* y_strides, void* y, const int64_t* stride,

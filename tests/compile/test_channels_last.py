@@ -139,6 +139,43 @@ def test_depthwise_convolutions_over_channels_last_images_go_over_pixels_of_chan
     assert "_part[" in _source(session, "backward") and "_sums[c] +=" in _source(session, "forward")
 
 
+class _ValidPadded(nn.Module):
+    """Hugging Face's EfficientNet's TensorFlow padding: a zero pad, more at the end than at the start, before each
+    stride-2 convolution exported with ``padding="valid"``: the stem and a convolution of one group (PyTorch's
+    kernels), a depthwise 5x5 (dcnb's loops)."""
+
+    def __init__(self, channels: int = 8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, stride=2, padding="valid", bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+        self.reduce = nn.Conv2d(channels, channels, 3, stride=2, padding="valid")
+        self.depthwise = nn.Conv2d(channels, channels, 5, stride=2, padding="valid", groups=channels)
+
+    def forward(self, x):
+        x = nn.functional.silu(self.bn(self.stem(nn.functional.pad(x, (0, 1, 0, 1)))))
+        x = torch.tanh(self.reduce(nn.functional.pad(x, (0, 1, 0, 1))))
+        return self.depthwise(nn.functional.pad(x, (1, 2, 1, 2)))
+
+
+def test_zero_pads_before_valid_convolutions_fold_into_them_and_no_padded_image_is_made():
+    torch.manual_seed(0)
+    module = _ValidPadded().double().train()
+    session = dcnb.optimize(module, torch.randn(2, 3, 32, 32, dtype=torch.float64), baselines=(), time_budget=0.01,
+                            training=True)
+    forward = session.forward_sdfg
+    assert not [n for n, _ in forward.all_nodes_recursive() if type(n).__name__.startswith("ONNXPad")]
+    shapes = {tuple(int(n) for n in d.shape) for d in forward.arrays.values()}
+    assert not shapes & {(2, 3, 33, 33), (2, 8, 17, 17), (2, 8, 11, 11)}  # the padded images
+    for step in (session.current, session.apply("channels_last")):
+        assert step.ok and step.check.ok, step.error
+        assert {"output", "grad stem.weight", "grad reduce.weight", "grad depthwise.weight"} <= set(step.check.errors)
+        # the convolutions of one group, their pads uneven, are PyTorch's, which the bridge pads for, forward and
+        # backward (the second's input's gradient too)
+        uneven = r"\(const int64_t\[\]\)\{0, 0, 1, 1\}"
+        assert len(re.findall(rf"dcnb_torch_conv\(.*{uneven}", _source(session, "forward"))) == 2
+        assert len(re.findall(rf"dcnb_torch_conv_backward\(.*{uneven}", _source(session, "backward"))) == 2
+
+
 def test_a_network_without_convolutions_has_nothing_to_lay_out():
     session = dcnb.optimize(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(4, 8), baselines=(),
                             time_budget=0.01)

@@ -263,27 +263,33 @@ def _add_matrix(sdfg: dace.SDFG, name: str, layout: str, w: dt.Data, dense: dt.D
     sdfg.add_array(name, shape, dense.dtype, transient=True)
 
 
-def _columns(node, w: dt.Data, dense: dt.Data, windowed: dt.Data, inside: str, outside: str = "") -> str:
-    """C++ over the elements of ``cols`` in order (``ci``, its offset; the weight's channel and kernel offset by
-    the batch and position of ``dense``): ``inside`` where one is an element of ``windowed`` (``wi``, its offset),
+def _columns(
+    node, w: dt.Data, dense: dt.Data, windowed: dt.Data, inside: str, outside: str = "", adds: bool = False
+) -> str:
+    """C++ over the elements of ``cols`` (``ci``, its offset; the weight's channel and kernel offset by the batch
+    and position of ``dense``), on all threads: ``inside`` where one is an element of ``windowed`` (``wi``, its offset),
     ``outside`` where it falls into the padding. ``windowed`` is a convolution's input, a transposed one's output."""
     rank = len(dense.shape) - 2
     # a convolution's input sizes its SAME pads; a transposed convolution has explicit pads only
     strides, pads, dilations = _window(node, windowed, w)
     kernel, at_dense, at_windowed = _spatial("k", rank), _spatial("p", rank), _spatial("q", rank)
-    head, tail = loops(["c", *kernel, "b", *at_dense], [*w.shape[1:], dense.shape[0], *dense.shape[2:]])
+    variables, sizes = ["c", *kernel, "b", *at_dense], [*w.shape[1:], dense.shape[0], *dense.shape[2:]]
+    head, tail = loops(variables, sizes)
     positions = "".join(
         f"const long long {q} = {p} * {s} - {pad} + {k} * {d};\n"
         for q, p, k, s, pad, d in zip(at_windowed, at_dense, kernel, strides, pads, dilations)
     )
     within = " && ".join(f"{q} >= 0 && {q} < {size}" for q, size in zip(at_windowed, windowed.shape[2:]))
+    # the threads share the rows of cols, each a channel and a kernel offset; where ``inside`` adds into
+    # ``windowed`` (col2im), whose windows overlap across kernel offsets, only the channels (each its own elements)
+    rows = 1 if adds else 1 + rank
     return (
-        "long long ci = 0;\n"
+        parallel_for(collapse=rows)
         + head
+        + f"const long long ci = {_contiguous_offset(sizes, variables)};\n"
         + positions
         + f"if ({within}) {{\nconst long long wi = {offset(windowed, ['b', 'c', *at_windowed])};\n{inside}}}"
         + (f" else {{\n{outside}}}\n" if outside else "\n")
-        + "++ci;\n"
         + tail
     )
 
@@ -305,6 +311,7 @@ def _dense_matrix(name: str, desc: dt.Data, matrix: str, to_matrix: bool, bias: 
     and position), or back, adding ``bias`` (seen by ``oc``)."""
     out = _spatial("o", len(desc.shape) - 2)
     head, tail = loops(["b", "oc", *out], desc.shape)
+    head = parallel_for(collapse=2) + head
     per_sample = math.prod(int(n) for n in desc.shape[2:])
     flat = f"oc * {per_sample * int(desc.shape[0])} + b * {per_sample} + {_contiguous_offset(desc.shape[2:], out)}"
     element = at(name, desc, ["b", "oc", *out])
@@ -364,7 +371,7 @@ def _conv_gemm_backward(sdfg: dace.SDFG, conv, x: dt.Data, w: dt.Data, y: dt.Dat
         _add_matrix(sdfg, "dcols", "cols", w, y)
         states.append(cpp_tasklet(sdfg, "weights", ["W"], ["wmat"], _weights_matrix("W", w, "wmat", True)))
         states.append(_gemm_state(sdfg, "wmat", "dy", "dcols", trans_a=True))
-        col2im = zero("X_grad", x) + _columns(conv, w, y, x, "X_grad[wi] += dcols[ci];\n")
+        col2im = zero("X_grad", x) + _columns(conv, w, y, x, "X_grad[wi] += dcols[ci];\n", adds=True)
         states.append(cpp_tasklet(sdfg, "col2im", ["dcols"], ["X_grad"], col2im))
     if "B" in wanted:
         body = zero("B_grad", sdfg.arrays["B_grad"]) + _bias_gradient(y)
@@ -388,7 +395,7 @@ def _conv_transpose_gemm_expansion(node, state, sdfg) -> dace.SDFG:
     head, tail = loops(index, y.shape)
     # every output element starts at its bias: output_padding's trailing ones receive nothing else
     col2im = head + f"{at('Y', y, index)} = {'B[oc]' if 'B' in inputs else '0'};\n" + tail
-    col2im += _columns(node, w, x, y, "Y[wi] += cols[ci];\n")
+    col2im += _columns(node, w, x, y, "Y[wi] += cols[ci];\n", adds=True)
     _chain(
         nsdfg,
         [
@@ -508,11 +515,24 @@ def _conv_loops_expansion(conv, state, sdfg) -> dace.SDFG:
     return loops_on_gpu(conv, state, sdfg, _conv_loops_sdfg(conv, state, sdfg))
 
 
-def _library_operands(conv, state, sdfg) -> tuple[dict, list, list, list] | None:
+def _trailing_pads(conv, x: dt.Data, w: dt.Data, y: dt.Data) -> list[int]:
+    """The pads after each spatial dimension that give the output its size: the leading ones where those do
+    (symmetric padding, as PyTorch's ``padding``), else the fewest that do (TensorFlow's SAME at stride 2 pads one
+    more at the end), negative where even none leaves more windows than the output has."""
+    trailing = []
+    for size, out, k, s, p, d in zip(x.shape[2:], y.shape[2:], w.shape[2:], conv.strides, conv.pads, conv.dilations):
+        reach = d * (int(k) - 1) + 1
+        even = (int(size) + 2 * p - reach) // s + 1 == int(out)
+        trailing.append(p if even else (int(out) - 1) * s + reach - int(size) - p)
+    return trailing
+
+
+def _library_operands(conv, state, sdfg, even: bool = True) -> tuple[dict, list, list, list] | None:
     """(the connected arrays, and X's, W's and Y's descriptors, each with its gradient's where connected) where a
     library (cuDNN, PyTorch's) can take ``conv``: one type, float32 or float64, numbers for shapes and strides, the
-    three operands there, no array of one element (which DaCe passes by value), a packed bias, and the output of the
-    size symmetric padding gives; else None."""
+    three operands there, no array of one element (which DaCe passes by value), a packed bias, and pads that give
+    the output its size: as many at both ends (``even``), or else any not negative (``_trailing_pads``); else
+    None."""
     arrays = connected(conv, state, sdfg)
     descs = list(arrays.values())
     if len({d.dtype for d in descs}) != 1 or descs[0].dtype not in _GEMM_DTYPES or not all(map(concrete, descs)):
@@ -524,10 +544,10 @@ def _library_operands(conv, state, sdfg) -> tuple[dict, list, list, list] | None
     x, w, y = ([arrays[n] for n in (a, f"{a}_grad") if n in arrays] for a in ("X", "W", "Y"))
     if not (x and w and y):
         return None
-    spatial = zip(x[0].shape[2:], y[0].shape[2:], w[0].shape[2:], conv.strides, conv.pads, conv.dilations)
-    for size, out, k, s, p, d in spatial:
-        if (int(size) + 2 * p - d * (int(k) - 1) - 1) // s + 1 != int(out):
-            return None
+    rank = len(x[0].shape) - 2
+    trailing = _trailing_pads(conv, x[0], w[0], y[0])
+    if any(t < 0 for t in trailing) or (even and trailing != list(conv.pads[:rank])):
+        return None
     return arrays, x, w, y
 
 
@@ -577,9 +597,9 @@ def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:
 
 def _torch_applies(conv, state, sdfg) -> bool:
     """Whether PyTorch's convolution computes what the loops do, on the CPU: what any library takes
-    (``_library_operands``), an array and its gradient alike, depthwise only where ``for_depthwise``, 1x1 only
-    where ``for_pointwise``, and the bridge built here."""
-    operands = _library_operands(conv, state, sdfg) if on_cpu(conv, state, sdfg) else None
+    (``_library_operands``; uneven pads too, which the bridge adds to the input itself), an array and its gradient
+    alike, depthwise only where ``for_depthwise``, 1x1 only where ``for_pointwise``, and the bridge built here."""
+    operands = _library_operands(conv, state, sdfg, even=False) if on_cpu(conv, state, sdfg) else None
     if operands is None:
         return False
     _, x, w, y = operands
@@ -609,7 +629,8 @@ def _torch_call(conv, state, sdfg) -> nodes.Tasklet:
     given = lambda name: name if name in arrays else "nullptr"
     common = f"{int(x.dtype == dace.float64)}, {rank}"
     x_of, w_of, y_of = (f"{numbers(d.shape)}, {numbers(d.strides)}" for d in (x, w, y))
-    window = f"{numbers(conv.strides)}, {numbers(conv.pads[:rank])}, {numbers(conv.dilations)}, {conv.group}"
+    pads = [*conv.pads[:rank], *_trailing_pads(conv, x, w, y)]
+    window = f"{numbers(conv.strides)}, {numbers(pads)}, {numbers(conv.dilations)}, {conv.group}"
     if "Y" in arrays:
         call = f"dcnb_torch_conv({common}, {x_of}, X, {w_of}, W, {given('B')}, {y_of}, Y, {window});"
     else:
