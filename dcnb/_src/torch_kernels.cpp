@@ -7,7 +7,6 @@
 #include <ATen/ops/convolution_backward.h>
 
 #include <algorithm>
-
 #include <atomic>
 #include <cstdio>
 #include <limits>
@@ -100,11 +99,11 @@ void dcnb_torch_conv(int is_double, int64_t rank, const int64_t* x_shape, const 
     c10::InferenceMode no_autograd;
     auto Y = wrap(y, rank + 2, y_shape, y_strides, is_double);
     try {
+        const Padding padding(rank, pad);
         auto X = wrap(x, rank + 2, x_shape, x_strides, is_double);
+        X = padding.padded(X, X.suggest_memory_format());
         // an input of PyTorch's layout into a channels-last image (a network's first convolution): ATen picks its
         // kernel by the input's layout, and the copy costs less than computing (N, C, H, W) and transposing it
-        const Padding padding(rank, pad);
-        X = padding.padded(X, X.suggest_memory_format());
         if (channels_last(Y) && !channels_last(X)) X = X.contiguous(at::MemoryFormat::ChannelsLast);
         auto W = wrap(w, rank + 2, w_shape, w_strides, is_double);
         std::optional<at::Tensor> B;
