@@ -68,9 +68,12 @@ def import_module(
     training: bool,
     call: Call | None = None,
     progress: Callable[[str], None] = lambda message: None,
+    uneven_pads: bool = True,
 ) -> Imported:
     """Export ``module`` to ONNX and import it into a single-state forward SDFG. ``call`` says which of ``inputs``
-    go by keyword (default: all positional); ``progress`` hears when the import starts, after the export."""
+    go by keyword (default: all positional); ``progress`` hears when the import starts, after the export;
+    ``uneven_pads``: whether the convolutions it is built for take more pads at one end than at the other (the
+    CPU's do; cuDNN's do not, so for a GPU a zero Pad before a Conv exported ``padding="valid"`` stays a Pad)."""
     call = call or Call(len(inputs))
     name = _sdfg_name(module)
     input_names = _input_names(module, call)
@@ -88,7 +91,8 @@ def import_module(
         # simplified first, so that shape arithmetic (Shape, Gather, Mod, ...) is folded before ops are checked
         model_proto = infer_shapes_onnx_model(model_proto)
         _indices_from_the_start(model_proto)
-        _explicit_valid_pads(model_proto)
+        if uneven_pads:
+            _explicit_valid_pads(model_proto)
         model_proto = simplify_onnx_model(model_proto, auto_merge=False)
         own = _standard_for_own_ops(model_proto)
         _global_average_pools(model_proto)

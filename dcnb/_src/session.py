@@ -173,7 +173,12 @@ class Session:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._imported: Imported = import_module(
-                self._module, tuple(self._inputs), training=self.training, call=self._call, progress=self._progress
+                self._module,
+                tuple(self._inputs),
+                training=self.training,
+                call=self._call,
+                progress=self._progress,
+                uneven_pads=self.device == "cpu",
             )
             pre = copy.deepcopy(self._imported.sdfg)
             passes.run(passes.ON_IMPORT, pre)

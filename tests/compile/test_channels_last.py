@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import dcnb
-from dcnb._src import torch_kernels
+from dcnb._src import frontend, torch_kernels
 from dcnb._src.actions.layout import channels_last_strides
 from tests.cpu_sources import cpu_source
 
@@ -166,6 +166,10 @@ def test_zero_pads_before_valid_convolutions_fold_into_them_and_no_padded_image_
     assert not [n for n, _ in forward.all_nodes_recursive() if type(n).__name__.startswith("ONNXPad")]
     shapes = {tuple(int(n) for n in d.shape) for d in forward.arrays.values()}
     assert not shapes & {(2, 3, 33, 33), (2, 8, 17, 17), (2, 8, 11, 11)}  # the padded images
+    # for a GPU, whose cuDNN takes even pads only, the pads stay
+    kept = frontend.import_module(module, (torch.randn(2, 3, 32, 32, dtype=torch.float64),), training=True,
+                                  uneven_pads=False)
+    assert len([n for n, _ in kept.sdfg.all_nodes_recursive() if type(n).__name__.startswith("ONNXPad")]) == 3
     for step in (session.current, session.apply("channels_last")):
         assert step.ok and step.check.ok, step.error
         assert {"output", "grad stem.weight", "grad reduce.weight", "grad depthwise.weight"} <= set(step.check.errors)
