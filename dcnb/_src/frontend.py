@@ -256,10 +256,10 @@ def _explicit_valid_pads(model: onnx.ModelProto) -> None:
     pads are explicit (TensorFlow-style padding, Hugging Face's EfficientNet's before each stride-2 convolution),
     and no padded copy of the image is made and stored for the backward."""
     # gap: onnxsim leaves a zero Pad in front of a Conv exported with auto_pad VALID (padding="valid") unfused
-    for node in model.graph.node:
+    for node in (n for n in model.graph.node if n.op_type == "Conv"):
         valid = [a for a in node.attribute if a.name == "auto_pad" and a.s == b"VALID"]
         kernel = next((a.ints for a in node.attribute if a.name == "kernel_shape"), None)
-        if node.op_type != "Conv" or not valid or kernel is None:
+        if not valid or kernel is None:
             continue
         node.attribute.remove(valid[0])
         node.attribute.append(onnx.helper.make_attribute("pads", [0] * (2 * len(kernel))))
