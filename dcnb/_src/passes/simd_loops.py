@@ -11,19 +11,23 @@ Such a map's last dimension becomes a sequential map of its own inside it (as Da
 which carries ``SIMD_LOOP`` as its instrumentation: the provider below writes the pragma where DaCe's CPU code
 generator calls instrumentation, right before that map's loop. The pragma promises
 what a map already does (its iterations independent), so only maps that keep that promise inside are taken: Python
-tasklets and their data only, no sum (write-conflict resolution), and every array element the loop reads or writes
-one at a time and contiguously along it (no gathers nor scatters, which the pragma would force on the compiler).
+tasklets (and C++ ones of one assignment) and their data only, no sum (write-conflict resolution), and every array
+element the loop reads or writes one at a time and contiguously along it (no gathers nor scatters, which the pragma
+would force on the compiler). The loops along a row that fuse_rows leaves inside its parallel row maps are taken
+alike.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 
 import dace
 import sympy
 from dace import dtypes, registry, subsets
 from dace.codegen.instrumentation.provider import InstrumentationProvider
 from dace.sdfg import nodes
+from dace.sdfg.graph import MultiConnectorEdge
 
 from .schedule import _inside_map
 
@@ -57,34 +61,99 @@ def apply(sdfg: dace.SDFG) -> int:
         # every map of the state judged on one scope tree, then split by hand: DaCe's MapExpansion rebuilt the
         # state's scope tree and memlets after each map (a 12-layer ViT's auto_optimize step took minutes more)
         children = state.scope_children()
+        accesses: dict[str, list[nodes.AccessNode]] = {}
+        for node in state.data_nodes():
+            accesses.setdefault(node.data, []).append(node)
         found = [(e, state.exit_node(e)) for e in children[None] if isinstance(e, nodes.MapEntry)]
-        found = [(entry, exit_) for entry, exit_ in found if _elementwise(state, entry, exit_, children[entry])]
+        rows = [r for entry, _ in found for r in _row_loops(state, entry, children, accesses)]
+        found = [
+            (entry, exit_) for entry, exit_ in found if _elementwise(state, entry, exit_, children[entry], accesses)
+        ]
         for entry, exit_ in found:
             _split_last(state, entry, exit_)
-        changed += len(found)
+        for row in rows:
+            row.map.instrument = SIMD_LOOP
+        changed += len(found) + len(rows)
     return changed
 
 
-def _elementwise(state: dace.SDFGState, entry: nodes.MapEntry, exit_: nodes.MapExit, body: list) -> bool:
+def _elementwise(
+    state: dace.SDFGState, entry: nodes.MapEntry, exit_: nodes.MapExit, body: list, accesses: dict[str, list]
+) -> bool:
     """Whether ``entry``'s map is parallel over two dimensions or more, the last not collapsed into the parallel
     loop, and its body (``body``: the nodes in its scope) elementwise work the pragma may vectorize (the module's
     docstring)."""
     map_ = entry.map
     if map_.schedule != dtypes.ScheduleType.CPU_Multicore or len(map_.params) < 2 or map_.collapse >= len(map_.params):
         return False
+    return _vectorizable(state, entry, exit_, body, accesses)
+
+
+def _row_loops(
+    state: dace.SDFGState, entry: nodes.MapEntry, children: dict, accesses: dict[str, list]
+) -> list[nodes.MapEntry]:
+    """The sequential maps of one dimension directly inside parallel map ``entry`` whose body is elementwise work
+    the pragma may vectorize: the loops along a row that fuse_rows (actions/rows.py) leaves in its row maps, where
+    GCC left GELU's ``erf`` one element at a time (ConvNeXt-T)."""
+    if entry.map.schedule != dtypes.ScheduleType.CPU_Multicore:
+        return []
+    return [
+        n for n in children[entry]
+        if isinstance(n, nodes.MapEntry)
+        and n.map.schedule == dtypes.ScheduleType.Sequential
+        and len(n.map.params) == 1
+        and n.map.instrument == dtypes.InstrumentationType.No_Instrumentation
+        and _vectorizable(state, n, state.exit_node(n), children[n], accesses)
+    ]
+
+
+def _vectorizable(
+    state: dace.SDFGState, entry: nodes.MapEntry, exit_: nodes.MapExit, body: list, accesses: dict[str, list]
+) -> bool:
+    """Whether ``entry``'s map's last dimension steps by one, and its body (``body``: the nodes in its scope) is
+    elementwise work along it the pragma may vectorize (the module's docstring); ``accesses``: the state's access
+    nodes by array."""
+    map_ = entry.map
     if map_.range[-1][2] != 1 or any(c is not None and not c.startswith("IN_") for c in entry.in_connectors):
         return False
     inside = [n for n in body if n is not exit_]
     for node in inside:
         if isinstance(node, nodes.Tasklet):
-            if node.language != dtypes.Language.Python:
+            if node.language != dtypes.Language.Python and not _one_assignment(node):
                 return False
         elif not isinstance(node, nodes.AccessNode):
             return False
+    # an element written along the loop is each iteration's own only where the array is declared inside it
+    written = {n.data for n in inside if isinstance(n, nodes.AccessNode) and state.in_degree(n) > 0}
+    if any(state.sdfg.arrays[a].total_size == 1 and not set(accesses[a]) <= set(inside) for a in written):
+        return False
     edges = {e for n in inside for e in (*state.in_edges(n), *state.out_edges(n))}
     if any(e.data.wcr is not None for e in [*edges, *state.out_edges(exit_)]):
         return False
-    return all(_along(e.data, state.sdfg, map_.params[-1]) for e in edges if not e.data.is_empty())
+    return all(_moves_along(state, e, map_.params[-1]) for e in edges if not e.data.is_empty())
+
+
+#: C++ code of one assignment of an expression: no loop, block nor pragma of its own (DaCe's ONNX Erf and others)
+_ASSIGNMENT = re.compile(r"\s*\w+\s*=[^;{}#]*;\s*")
+
+
+def _one_assignment(tasklet: nodes.Tasklet) -> bool:
+    return tasklet.language == dtypes.Language.CPP and _ASSIGNMENT.fullmatch(tasklet.code.as_string) is not None
+
+
+def _moves_along(state: dace.SDFGState, edge: MultiConnectorEdge, param: str) -> bool:
+    """Whether ``edge``'s memlet moves one element at a time contiguously along ``param``, on both sides where it
+    copies from one array to another."""
+    memlet = edge.data
+    if not _along(memlet, state.sdfg, param):
+        return False
+    path = state.memlet_path(edge)
+    ends = [n.data for n in (path[0].src, path[-1].dst) if isinstance(n, nodes.AccessNode) and n.data != memlet.data]
+    if not ends:
+        return True
+    subset = memlet.other_subset or memlet.subset
+    other = state.sdfg.arrays[ends[0]]
+    return len(subset) == len(other.shape) and _along(dace.Memlet(data=ends[0], subset=subset), state.sdfg, param)
 
 
 def _along(memlet: dace.Memlet, sdfg: dace.SDFG, param: str) -> bool:
