@@ -46,7 +46,13 @@ _STRIDED_OPS = {
     "AveragePool",
     "Pad",
     "GlobalAveragePool",
+    "Transpose",
 }
+
+#: strided ops whose output's axes are their input's permuted: an image is laid out on either side of one, not
+#: reached across it (the other side's second axis is not its channels: ConvNeXt's blocks permute each image to
+#: (N, H, W, C) for their LayerNorm and linear layers, and back)
+_PERMUTING_OPS = {"Transpose"}
 
 
 #: the fewest pixels of an image laid out channels-last. Over smaller ones oneDNN's channels-last convolutions were
@@ -116,7 +122,9 @@ def _neighbours(state: dace.SDFGState, node: nodes.Node) -> list[nodes.Node]:
 
 
 def _across(state: dace.SDFGState, node: nodes.Node) -> list[nodes.Node]:
-    """What ``node`` connects an image to: its neighbours, and a map's other side's."""
+    """What ``node`` connects an image to: its neighbours, and a map's other side's; nothing across a permutation."""
+    if isinstance(node, ONNXOp) and node.schema.name in _PERMUTING_OPS:
+        return []
     if isinstance(node, nodes.MapEntry):
         return _neighbours(state, node) + _neighbours(state, state.exit_node(node))
     if isinstance(node, nodes.MapExit):
