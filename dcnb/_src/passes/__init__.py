@@ -24,6 +24,7 @@ import dace
 
 from . import memory_order, schedule, simd_loops, tasklet_code, vecmath
 from . import after_autodiff, before_autodiff, broadcast_sums, cuda_build, gradient_writes, lifetimes, on_import
+from . import reshape_views
 
 SIDES = ("forward", "backward")
 
@@ -62,6 +63,7 @@ AFTER_AUTO_OPTIMIZE = (Pass(lifetimes.zeroed_transients_per_call),)
 
 CPU_BUILD = (
     Pass(tasklet_code.declarations_in_order),
+    Pass(reshape_views.copies_as_views),
     Pass(lifetimes.scratch_once_per_binary),
     Pass(vecmath.install),
     Pass(memory_order.apply),
