@@ -59,3 +59,22 @@ def test_a_transient_becomes_a_view_only_where_the_copy_is_its_one_reader(read_a
     np.testing.assert_allclose(out, 2 * a.ravel())
     if read_again:
         np.testing.assert_allclose(again, 6 * a)
+
+
+def test_a_transient_computed_from_the_array_it_is_copied_into_stays_apart():
+    # out = reversed(out) * 2 through the transient: written in place, the map would read what it already wrote
+    sdfg = dace.SDFG("in_place")
+    sdfg.add_array("out", [32], dace.float32)
+    sdfg.add_transient("t", [4, 8], dace.float32)
+    state = sdfg.add_state()
+    t = state.add_access("t")
+    state.add_mapped_tasklet(
+        "reversed", {"i": "0:4", "j": "0:8"}, {"__in": dace.Memlet("out[31 - 8 * i - j]")}, "__out = 2 * __in",
+        {"__out": dace.Memlet("t[i, j]")}, external_edges=True, output_nodes={"t": t},
+    )
+    state.add_edge(t, None, state.add_write("out"), None, dace.Memlet("out[0:32]"))
+    assert reshape_views.copies_as_views(sdfg) == 0
+    out = np.arange(32, dtype=np.float32)
+    expected = 2 * out[::-1]
+    sdfg(out=out)
+    np.testing.assert_allclose(out, expected)

@@ -15,7 +15,6 @@ import dace
 from dace import data as dt
 from dace.sdfg import nodes
 
-
 #: the host's memory: an argument's default storage, a transient's heap or stack (auto_optimize's small arrays)
 _HOST = {dace.StorageType.Default, dace.StorageType.CPU_Heap, dace.StorageType.Register}
 
@@ -55,7 +54,23 @@ def _reshaping_copy(state: dace.SDFGState, edge, accesses: dict[str, int]) -> bo
         return False
     if state.entry_node(src) is not None or not (_contiguous(a) and _contiguous(b)):
         return False
-    return edge.data.volume == a.total_size == b.total_size and _whole(edge.data, a, b)
+    if not (edge.data.volume == a.total_size == b.total_size and _whole(edge.data, a, b)):
+        return False
+    # what writes the transient must not read the array (a product into its own operand would then overwrite it)
+    return dst.data not in _read_before(state, src)
+
+
+def _read_before(state: dace.SDFGState, node: nodes.AccessNode) -> set[str]:
+    """The arrays whose access nodes lead to ``node`` in ``state``."""
+    seen, frontier, names = {node}, [node], set()
+    while frontier:
+        for edge in state.in_edges(frontier.pop()):
+            if edge.src not in seen:
+                seen.add(edge.src)
+                frontier.append(edge.src)
+                if isinstance(edge.src, nodes.AccessNode):
+                    names.add(edge.src.data)
+    return names
 
 
 def _contiguous(desc: dt.Array) -> bool:
