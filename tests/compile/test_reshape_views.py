@@ -26,8 +26,9 @@ def test_auto_optimizes_products_over_images_write_their_results_in_place():
         assert "py_mod(" not in cpu_source(binary)
 
 
-def _copied(read_again: bool) -> dace.SDFG:
-    """A (4, 8) transient written by a map and copied into the (32,) output; ``read_again``: a second map reads it."""
+def _copied(read: str = "a[i, j]", read_again: bool = False) -> dace.SDFG:
+    """A (4, 8) transient written by a map from ``read`` (2x) and copied into the (32,) output; ``read_again``: a
+    second map reads it too (3x, into ``again``)."""
     sdfg = dace.SDFG("copied")
     sdfg.add_array("a", [4, 8], dace.float32)
     sdfg.add_array("out", [32], dace.float32)
@@ -36,7 +37,7 @@ def _copied(read_again: bool) -> dace.SDFG:
     state = sdfg.add_state()
     t = state.add_access("t")
     state.add_mapped_tasklet(
-        "twice", {"i": "0:4", "j": "0:8"}, {"__in": dace.Memlet("a[i, j]")}, "__out = 2 * __in",
+        "twice", {"i": "0:4", "j": "0:8"}, {"__in": dace.Memlet(read)}, "__out = 2 * __in",
         {"__out": dace.Memlet("t[i, j]")}, external_edges=True, output_nodes={"t": t},
     )
     state.add_edge(t, None, state.add_write("out"), None, dace.Memlet("out[0:32]"))
@@ -50,7 +51,7 @@ def _copied(read_again: bool) -> dace.SDFG:
 
 @pytest.mark.parametrize("read_again", [False, True], ids=["copied-only", "read-again"])
 def test_a_transient_becomes_a_view_only_where_the_copy_is_its_one_reader(read_again):
-    sdfg = _copied(read_again)
+    sdfg = _copied(read_again=read_again)
     assert reshape_views.copies_as_views(sdfg) == (0 if read_again else 1)
     assert isinstance(sdfg.arrays["t"], dace.data.View) != read_again
     a = np.arange(32, dtype=np.float32).reshape(4, 8).copy()
@@ -63,18 +64,9 @@ def test_a_transient_becomes_a_view_only_where_the_copy_is_its_one_reader(read_a
 
 def test_a_transient_computed_from_the_array_it_is_copied_into_stays_apart():
     # out = reversed(out) * 2 through the transient: written in place, the map would read what it already wrote
-    sdfg = dace.SDFG("in_place")
-    sdfg.add_array("out", [32], dace.float32)
-    sdfg.add_transient("t", [4, 8], dace.float32)
-    state = sdfg.add_state()
-    t = state.add_access("t")
-    state.add_mapped_tasklet(
-        "reversed", {"i": "0:4", "j": "0:8"}, {"__in": dace.Memlet("out[31 - 8 * i - j]")}, "__out = 2 * __in",
-        {"__out": dace.Memlet("t[i, j]")}, external_edges=True, output_nodes={"t": t},
-    )
-    state.add_edge(t, None, state.add_write("out"), None, dace.Memlet("out[0:32]"))
+    sdfg = _copied(read="out[31 - 8 * i - j]")
     assert reshape_views.copies_as_views(sdfg) == 0
     out = np.arange(32, dtype=np.float32)
     expected = 2 * out[::-1]
-    sdfg(out=out)
+    sdfg(a=np.zeros((4, 8), np.float32), out=out, again=np.zeros((4, 8), np.float32))
     np.testing.assert_allclose(out, expected)
