@@ -14,6 +14,7 @@ import math
 import dace
 from dace import data as dt
 from dace.sdfg import nodes
+from dace.sdfg.graph import MultiConnectorEdge
 
 #: the host's memory: an argument's default storage, a transient's heap or stack (auto_optimize's small arrays)
 _HOST = {dace.StorageType.Default, dace.StorageType.CPU_Heap, dace.StorageType.Register}
@@ -39,7 +40,8 @@ def copies_as_views(sdfg: dace.SDFG) -> int:
     return changed
 
 
-def _reshaping_copy(state: dace.SDFGState, edge, accesses: dict[str, int]) -> bool:
+def _reshaping_copy(state: dace.SDFGState, edge: MultiConnectorEdge, accesses: dict[str, int]) -> bool:
+    """Whether ``edge`` copies such a transient (the module's docstring); ``accesses``: access nodes by array."""
     src, dst = edge.src, edge.dst
     if not (isinstance(src, nodes.AccessNode) and isinstance(dst, nodes.AccessNode)) or edge.data.wcr is not None:
         return False
@@ -54,7 +56,7 @@ def _reshaping_copy(state: dace.SDFGState, edge, accesses: dict[str, int]) -> bo
         return False
     if state.entry_node(src) is not None or not (_contiguous(a) and _contiguous(b)):
         return False
-    if not (edge.data.volume == a.total_size == b.total_size and _whole(edge.data, a, b)):
+    if not (edge.data.volume == a.total_size == b.total_size and _whole(edge.data, a)):
         return False
     # what writes the transient must not read the array (a product into its own operand would then overwrite it)
     return dst.data not in _read_before(state, src)
@@ -81,6 +83,6 @@ def _contiguous(desc: dt.Array) -> bool:
     return [int(s) for s in desc.strides] == strides and int(desc.total_size) == math.prod(shape)
 
 
-def _whole(memlet: dace.Memlet, a: dt.Array, b: dt.Array) -> bool:
+def _whole(memlet: dace.Memlet, a: dt.Array) -> bool:
     subsets = [s for s in (memlet.subset, memlet.other_subset) if s is not None]
     return all(s.num_elements() == a.total_size for s in subsets)
