@@ -16,6 +16,9 @@ from dace import data as dt
 from dace.sdfg import nodes
 from dace.sdfg.graph import MultiConnectorEdge
 
+from ..fixes.cpp import contiguous
+from ..fixes.library_nodes import concrete
+
 #: the host's memory: an argument's default storage, a transient's heap or stack (auto_optimize's small arrays)
 _HOST = {dace.StorageType.Default, dace.StorageType.CPU_Heap, dace.StorageType.Register}
 
@@ -76,11 +79,9 @@ def _read_before(state: dace.SDFGState, node: nodes.AccessNode) -> set[str]:
 
 
 def _contiguous(desc: dt.Array) -> bool:
-    shape = [int(n) if not dace.symbolic.issymbolic(n) else None for n in desc.shape]
-    if None in shape or desc.start_offset != 0 or any(o != 0 for o in desc.offset):
+    if not concrete(desc) or desc.start_offset != 0 or any(o != 0 for o in desc.offset):
         return False
-    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
-    return [int(s) for s in desc.strides] == strides and int(desc.total_size) == math.prod(shape)
+    return contiguous(desc) and int(desc.total_size) == math.prod(int(n) for n in desc.shape)
 
 
 def _whole(memlet: dace.Memlet, a: dt.Array) -> bool:

@@ -125,7 +125,8 @@ def _vectorizable(
             return False
     # an element written along the loop is each iteration's own only where the array is declared inside it
     written = {n.data for n in inside if isinstance(n, nodes.AccessNode) and state.in_degree(n) > 0}
-    if any(state.sdfg.arrays[a].total_size == 1 and not set(accesses[a]) <= set(inside) for a in written):
+    declared_inside = set(inside)
+    if any(state.sdfg.arrays[a].total_size == 1 and not set(accesses[a]) <= declared_inside for a in written):
         return False
     edges = {e for n in inside for e in (*state.in_edges(n), *state.out_edges(n))}
     if any(e.data.wcr is not None for e in [*edges, *state.out_edges(exit_)]):
