@@ -64,6 +64,7 @@ AFTER_AUTO_OPTIMIZE = (Pass(lifetimes.zeroed_transients_per_call),)
 CPU_BUILD = (
     Pass(tasklet_code.declarations_in_order),
     Pass(reshape_views.copies_as_views),
+    Pass(reshape_views.permutations_as_views),
     Pass(lifetimes.scratch_once_per_binary),
     Pass(vecmath.install),
     Pass(memory_order.apply),
