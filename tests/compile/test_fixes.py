@@ -301,6 +301,21 @@ def test_a_copy_into_axes_of_size_one_is_kept_where_simplify_cannot_remove_it():
     _assert_checked(session, "output", "grad x", "grad q", "grad key.weight")
 
 
+class _GeluTwice(nn.Module):
+    def forward(self, x):
+        return F.gelu(x) * 2 + 1
+
+
+@pytest.mark.parametrize("action", ["map_fusion", "tasklet_fusion"])
+def test_maps_over_a_batch_of_one_fuse(action):
+    # DaCe's expansions wrote t[0, i] where the next map read t[__i0, i]: MapFusion fused nothing in a batch of one
+    session = _optimize(_GeluTwice(), torch.randn(1, 4, 4, 64, requires_grad=True), training=True)
+    assert session.places(action), action
+    step = session.apply(action)
+    _assert_checked(session, "output", "grad x")
+    assert step.ok
+
+
 def test_hardsigmoid_expansion():
     # DaCe has no implementation of the ONNX op HardSigmoid
     session = _zoo("hardsigmoid", backward=False)

@@ -41,7 +41,11 @@ class Pass:
         return self.run.__name__
 
 
-ON_IMPORT = (Pass(on_import.lower), Pass(on_import.transposes_into_products))
+ON_IMPORT = (
+    Pass(on_import.lower),
+    Pass(on_import.no_single_point_dimensions),
+    Pass(on_import.transposes_into_products),
+)
 
 BEFORE_AUTODIFF = (Pass(before_autodiff.split_shared_map_inputs), Pass(before_autodiff.whole_arrays_for_ops))
 

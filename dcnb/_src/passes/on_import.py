@@ -9,8 +9,10 @@ from dace.autodiff.base_abc import find_backward_implementation
 from dace.frontend.common.einsum import EinsumParser
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
 from dace.sdfg import nodes
+from dace.transformation.dataflow import TrivialMapElimination
 from dace.transformation.onnx.optimize import expand_onnx_nodes
 
+from .auto_optimize import repeated_in_each_state
 from .simplify import simplify
 
 
@@ -29,6 +31,16 @@ def lower(sdfg: dace.SDFG) -> None:
             break
         expand_onnx_nodes(sdfg, predicate=lambda n: n in targets)
     simplify(sdfg)
+
+
+def no_single_point_dimensions(sdfg: dace.SDFG) -> int:
+    """Take the dimensions of one iteration out of the maps; returns how many maps changed.
+
+    gap: over an array with an axis of one element (a batch of one), DaCe's expansions wrote ``t[0, i]`` where the
+    next map read ``t[__i0, i]``, and MapFusion, unable to tell the two apart, fused nothing: map_fusion and
+    tasklet_fusion matched nothing in a batch of one.
+    """
+    return repeated_in_each_state(sdfg, TrivialMapElimination)
 
 
 def transposes_into_products(sdfg: dace.SDFG) -> int:
