@@ -95,11 +95,15 @@ def _openblas() -> Blas | None:
 
 
 def _onednn() -> Blas | None:
-    """oneDNN's matmul inside PyTorch for float products, MKL's GEMM for the rest: where PyTorch has both. Its calls
-    go through dcnb's bridge to PyTorch's kernels (torch_kernels.py), built by the first expansion of a product
-    (``linked``), not here: a build without products does not wait for it."""
+    """oneDNN's matmul inside PyTorch for float products, MKL's GEMM for the rest: where PyTorch has both and ATen
+    runs the first on this processor. Its calls go through dcnb's bridge to PyTorch's kernels (torch_kernels.py),
+    built by the first expansion of a product (``linked``), not here: a build without products does not wait for
+    it."""
     mkl = _torch()
     if mkl is None or not mkl.batched or not torch.backends.mkldnn.is_available():
+        return None
+    # ATen's mkldnn_matmul refuses float products too where its bfloat16 check fails (AVX2 alone: an AMD EPYC)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return None
     from . import torch_kernels  # (which imports this module)
 
@@ -224,7 +228,10 @@ def bridge_gemm(library: pathlib.Path):
 
 def _missing(name: str) -> str:
     if name == "onednn":
-        return "this PyTorch has no oneDNN, or its MKL does not export its GEMMs and batched GEMMs"
+        return (
+            "this PyTorch has no oneDNN, or its MKL does not export its GEMMs and batched GEMMs, or this processor "
+            "lacks what ATen's oneDNN matmul asks for (AVX-512 BW, VL and DQ, or AVX-NE-CONVERT)"
+        )
     if name == "torch":
         return "this PyTorch's CPU library does not export sgemm_ and dgemm_"
     return "Debian's OpenMP build of OpenBLAS is not installed (apt-get install libopenblas-openmp-dev)"

@@ -161,6 +161,19 @@ def test_the_bridge_multiplies_as_sgemm_does(batch, shared):
             assert np.array_equal(c[i, :, m:], before[i, :, m:])  # past the rows: untouched
 
 
+def test_onednn_is_offered_only_where_aten_multiplies_floats_with_it(monkeypatch):
+    # ATen's oneDNN matmul refused float products on an AMD EPYC (AVX2 alone), which offered oneDNN all the same:
+    # every product asked of it failed over to MKL's GEMM
+    monkeypatch.setenv("DCNB_BLAS", "onednn")
+    if "onednn" in AVAILABLE:
+        gemm, a, b, c = blas.bridge_gemm(torch_kernels.bridge()), *(np.ones((2, 2), np.float32) for _ in range(3))
+        assert gemm(0, 0, 2, 2, 2, 1.0, a.ctypes.data, 2, 0, b.ctypes.data, 2, 0, 0.0, c.ctypes.data, 2, 0, 1) == 0
+        np.testing.assert_array_equal(c, 2)
+    else:
+        with pytest.raises(ValueError, match="not available here"):
+            blas.chosen()
+
+
 @pytest.mark.skipif("onednn" not in AVAILABLE, reason="this PyTorch has no oneDNN")
 @pytest.mark.deep
 def test_products_call_mkl_where_the_bridge_to_onednn_does_not_build(fresh_cache, monkeypatch):

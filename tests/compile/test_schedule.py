@@ -18,8 +18,8 @@ def test_small_maps_run_on_one_thread_and_short_outer_dimensions_are_collapsed(m
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     tiny = dcnb.optimize(Mish(), torch.rand(4, 16), baselines=(), time_budget=0.0)
     assert "#pragma omp" not in cpu_source(tiny._states[-1].runner.forward_binary)
-    # 1 x 4 x 64 x 128 elements: the outer dimensions give 1, then 4, then 256 >= 8 chunks x 2 threads
-    wide = dcnb.optimize(Mish(), torch.rand(1, 4, 64, 128), baselines=(), time_budget=0.0)
+    # 2 x 4 x 64 x 128 elements: the outer dimensions give 2, then 8, then 512 >= 8 chunks x 2 threads
+    wide = dcnb.optimize(Mish(), torch.rand(2, 4, 64, 128), baselines=(), time_budget=0.0)
     assert wide.apply("tasklet_fusion").ok
     for binary in (wide._states[-1].runner.forward_binary, wide._states[-1].runner.backward_binary):
         assert "#pragma omp parallel for collapse(3)" in cpu_source(binary)
