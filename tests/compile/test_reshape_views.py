@@ -87,13 +87,12 @@ def test_permutations_between_images_in_one_memory_order_become_views():
     torch.manual_seed(0)
     session = dcnb.optimize(_ConvNeXtBlock(), torch.randn(2, 3, 64, 64), baselines=(), time_budget=0.0)
     assert all(map(_permutations, session.compiled_sdfgs())), "the naive step's permutations move elements"
-    for action in ("channels_last", "auto_optimize"):
-        step = session.apply(action)
-        assert step.ok and step.check.ok, step.error
-        assert {"output", "grad dwconv.weight", "grad norm.weight", "grad scale"} <= set(step.check.errors)
-        for sdfg in session.compiled_sdfgs():
-            assert _permutations(sdfg) == [], (action, sdfg.name)
-            assert any(isinstance(d, dace.data.View) and len(d.shape) == 4 for d in sdfg.arrays.values())
+    step = session.apply("channels_last")
+    assert step.ok and step.check.ok, step.error
+    assert {"output", "grad dwconv.weight", "grad norm.weight", "grad scale"} <= set(step.check.errors)
+    for sdfg in session.compiled_sdfgs():
+        assert _permutations(sdfg) == [], sdfg.name
+        assert any(isinstance(d, dace.data.View) and len(d.shape) == 4 for d in sdfg.arrays.values())
 
 
 def _permuted(strides: tuple[int, int, int]) -> dace.SDFG:
