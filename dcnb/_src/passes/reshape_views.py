@@ -53,13 +53,16 @@ def permutations_as_views(sdfg: dace.SDFG) -> int:
     for nested in sdfg.all_sdfgs_recursive():
         accesses = _accesses(nested)
         for state in nested.states():
+            removed: set[nodes.Node] = set()
             for node in [n for n in state.nodes() if state.entry_node(n) is None]:
-                ends = _permutation(state, node) if node in state.nodes() else None
+                ends = None if node in removed else _permutation(state, node)
                 sides = ends and _view_and_viewed(state, *ends, accesses)
                 if not sides:
                     continue
                 view, viewed = sides
-                state.remove_nodes_from(_scope(state, node))
+                scope = _scope(state, node)
+                removed.update(scope)
+                state.remove_nodes_from(scope)
                 nested.arrays[view.data] = _view_of(nested.arrays[view.data], nested.arrays[viewed.data])
                 memlet = dace.Memlet.from_array(viewed.data, nested.arrays[viewed.data])
                 state.add_edge(ends[0], None, ends[1], None, memlet)
