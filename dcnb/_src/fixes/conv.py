@@ -23,6 +23,7 @@ from .cpp import (
     at,
     channels_last,
     chunk_total,
+    contiguous,
     cpp_backward,
     cpp_expansion,
     cpp_tasklet,
@@ -44,7 +45,6 @@ from .library_nodes import (
     cudnn_type,
     library_call,
     loops_on_gpu,
-    packed,
     pointer_tasklet,
     shape,
 )
@@ -539,7 +539,7 @@ def _library_operands(conv, state, sdfg, even: bool = True) -> tuple[dict, list,
         return None
     if any(math.prod(int(n) for n in d.shape) == 1 for d in descs):
         return None
-    if any(not packed(arrays[n]) for n in ("B", "B_grad") if n in arrays):
+    if any(not contiguous(arrays[n]) for n in ("B", "B_grad") if n in arrays):
         return None
     x, w, y = ([arrays[n] for n in (a, f"{a}_grad") if n in arrays] for a in ("X", "W", "Y"))
     if not (x and w and y):
@@ -558,13 +558,13 @@ def _cudnn_applies(conv, state, sdfg) -> bool:
     if operands is None:
         return False
     arrays, x, w, y = operands
-    if not 3 <= len(x[0].shape) <= 5 or not all(map(packed, w)):
+    if not 3 <= len(x[0].shape) <= 5 or not all(map(contiguous, w)):
         return False
     # one descriptor each for an array and its gradient
     if any(len({tuple(int(s) for s in d.strides) for d in same}) != 1 for same in (x, w, y)):
         return False
     # the bias's gradient is summed by cuBLAS over the output gradient as laid out packed (gpu_libs.h)
-    return "B_grad" not in arrays or packed(arrays["Y_grad"])
+    return "B_grad" not in arrays or contiguous(arrays["Y_grad"])
 
 
 def _cudnn_call(conv, state, sdfg) -> nodes.Tasklet:

@@ -22,13 +22,16 @@ from dace.sdfg import nodes
 
 
 def contiguous(desc: dt.Data) -> bool:
+    """Whether ``desc`` is laid out row-major without gaps (a dimension of one element may have any stride: its
+    one index is 0)."""
     if isinstance(desc, dt.Scalar):
         return True
-    expected, stride = [], 1
-    for size in reversed(desc.shape):
-        expected.insert(0, stride)
+    stride = 1
+    for size, actual in zip(reversed(desc.shape), reversed(desc.strides)):
+        if size != 1 and actual != stride:
+            return False
         stride *= size
-    return all(int(a) == b for a, b in zip(desc.strides, expected))
+    return True
 
 
 def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -42,16 +42,6 @@ def concrete(desc: dt.Data) -> bool:
     return all(str(v).lstrip("-").isdigit() for v in (*desc.shape, *desc.strides))
 
 
-def packed(desc: dt.Data) -> bool:
-    """Whether ``desc`` is laid out row-major without gaps."""
-    stride = 1
-    for size, actual in zip(reversed(desc.shape), reversed(desc.strides)):
-        if int(size) != 1 and int(actual) != stride:
-            return False
-        stride *= int(size)
-    return True
-
-
 def library_call(
     node: nodes.LibraryNode, state, sdfg, kind: str, field_type: str, create: str, call: str
 ) -> nodes.Tasklet:
