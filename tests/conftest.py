@@ -119,7 +119,7 @@ def artifacts():
 
 #: markers whose tests run only with their option: the rest of the model zoo (--zoo), the Hugging Face models
 #: beyond the default one (--models), the op catalog beyond its representative set (--ops), each tens of minutes;
-#: the notebooks beyond the tutorial and the lesson (--notebooks), the CUDA builds beyond Mish's (--cuda), more cases
+#: the notebooks beyond the tutorial and the search (--notebooks), the CUDA builds beyond Mish's (--cuda), more cases
 #: of what the default suite checks once (--deep); what runs on a GPU (--gpu; make gpu)
 GATED = {
     "zoo": "--zoo", "models": "--models", "ops": "--ops", "notebooks": "--notebooks", "cuda": "--cuda",

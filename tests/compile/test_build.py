@@ -106,6 +106,7 @@ def test_identical_layers_expand_once_at_code_generation_into_the_same_code(fres
     assert each >= 8 and len(expanded) <= each // 4, (each, len(expanded))
 
 
+@pytest.mark.deep
 def test_identical_layers_expand_once_in_an_action(fresh_cache, calls):
     # an action's expansions are reused as code generation's are: auto_optimize expands the ONNX ops of a 12-layer
     # BERT's backward, then their products and reductions (1,867), 4.5 of its 110 s less with them reused

@@ -143,7 +143,10 @@ def test_bad_options_name_their_cause(session, name, options, cause):
 
 @pytest.mark.parametrize(
     "case,training,action,options",
-    [("mlp", False, "map_tiling", {"size": 16}), ("small_net", True, "map_permutation", {})],
+    [
+        pytest.param("mlp", False, "map_tiling", {"size": 16}, marks=pytest.mark.deep),
+        ("small_net", True, "map_permutation", {}),
+    ],
 )
 def test_the_zoo_stays_correct(case, training, action, options):
     module, inputs = CASES[case].build(bench=True)  # its benchmark size: maps large enough to tile

@@ -46,6 +46,7 @@ def test_a_cpu_plan_takes_the_cuda_arguments_and_calls_as_before(monkeypatch):
     assert runner._native.graphs(runner._plan) == [(0, ""), (0, "")]
 
 
+@pytest.mark.cuda
 def test_cuda_builds_launch_on_the_stream_they_are_given_and_can_be_captured():
     # build.py builds for one stream with no host wait in a call: native.cpp hands each call PyTorch's current
     # stream through __dace_gpu_set_all_streams, and may capture the call into a CUDA graph

@@ -33,6 +33,7 @@ def _parses(monkeypatch, *eps: float) -> int:
     return counted["parse"]
 
 
+@pytest.mark.deep
 def test_alike_expansions_parse_once_and_unlike_ones_apart(monkeypatch):
     one = _parses(monkeypatch, 1e-5)
     assert one >= 2  # the normalization's program (dcnb's) and DaCe's programs for the ops around it

@@ -98,6 +98,7 @@ class _TwoResidualNorms(nn.Module):
         return self.second(self.outer(a) + a)
 
 
+@pytest.mark.deep
 def test_a_norm_left_nested_becomes_rows_too():
     torch.manual_seed(0)
     session = dcnb.optimize(_TwoResidualNorms(), torch.randn(4, 8, 32), baselines=(), time_budget=0.0)

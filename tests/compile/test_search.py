@@ -282,6 +282,7 @@ def test_the_closing_run_takes_its_share_of_the_search_budget(cache, monkeypatch
     assert steps and all(budget == 0.05 for budget in steps)  # each candidate's own timing keeps the session's
 
 
+@pytest.mark.deep
 def test_what_the_best_is_to_beat_is_timed_with_the_finalists_whatever_its_own_timing(cache, monkeypatch):
     # a search of ResNet left auto_optimize out of its closing run (its own timing, minutes before, put it behind
     # three others) and ended 3% slower than it in the run after: the start, auto_optimize and the recipes given

@@ -105,6 +105,7 @@ def test_dcnb_conv_names_its_choices(monkeypatch):
         torch_kernels.wanted()
 
 
+@pytest.mark.deep
 def test_the_bridge_is_built_for_models_calling_it_only_for_a_convolution_while_exporting(fresh_cache, monkeypatch):
     # its build waited for the bridge (6-16 s, a transformer's first step on a machine) that none of its code calls:
     # neither convolutions nor matrix products (which call it where oneDNN's products are chosen: blas.py)

@@ -13,8 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 pytestmark = [pytest.mark.kernel, pytest.mark.compile]
-#: the notebooks make test runs: the tutorial (make mish's), the lesson and the search; the others with make notebooks
-DEFAULT = {"mish", "teaching_data_movement", "search"}
+#: the notebooks make test runs: the tutorial (make mish's) and the search; the others with make notebooks
+DEFAULT = {"mish", "search"}
 
 
 def test_the_notebooks_are_there():
