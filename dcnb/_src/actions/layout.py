@@ -26,10 +26,11 @@ from dace.sdfg import nodes
 
 from ..fixes.cpp import channels_last, channels_last_strides
 from ..fixes.library_nodes import concrete
+from ..fixes.normalization import BatchNormActivation
 from .matching import Where
 
 #: ONNX ops whose expansions and backward rules (DaCe's programs of maps, dcnb's C++ loops) index every array
-#: through its strides
+#: through its strides (and dcnb's BatchNormActivation, a BatchNormalization's)
 _STRIDED_OPS = {
     "Conv",
     "BatchNormalization",
@@ -137,7 +138,7 @@ def _indexes_by_strides(sdfg: dace.SDFG, node: nodes.Node) -> bool:
         return True  # memlets: DaCe's code generator indexes them through the strides
     if isinstance(node, nodes.AccessNode):
         return not isinstance(sdfg.arrays[node.data], dt.View)  # a copy, strided on both sides
-    return isinstance(node, ONNXOp) and node.schema.name in _STRIDED_OPS
+    return isinstance(node, BatchNormActivation) or isinstance(node, ONNXOp) and node.schema.name in _STRIDED_OPS
 
 
 def _beside_convolution(state: dace.SDFGState, node: nodes.AccessNode) -> bool:

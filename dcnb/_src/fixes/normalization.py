@@ -1,9 +1,11 @@
-"""Normalization ops: BatchNormalization over any rank, in training and eval mode, InstanceNormalization
-(nn.InstanceNorm, GroupNorm's export), LpNormalization, and Softmax and LogSoftmax over any one axis."""
+"""Normalization ops: BatchNormalization over any rank, in training and eval mode (and in training mode with the
+activation after it, ``BatchNormActivation``), InstanceNormalization (nn.InstanceNorm, GroupNorm's export),
+LpNormalization, and Softmax and LogSoftmax over any one axis."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import dace
 import numpy as np
@@ -11,8 +13,11 @@ from dace import data as dt
 from dace.autodiff.base_abc import BackwardImplementation
 from dace.libraries.onnx.forward_implementation_abc import ONNXForward
 from dace.libraries.onnx.nodes.onnx_op_registry import get_onnx_node
+from dace.properties import ListProperty, Property
 from dace.registry import autoregister_params
+from dace.sdfg import nodes
 from dace.sdfg.utils import in_desc_with_name, out_desc_with_name
+from dace.transformation.transformation import ExpandTransformation
 
 from .cpp import (
     channels_last,
@@ -45,20 +50,27 @@ class BatchNormalizationExpansion(ONNXForward):
     def forward(node, state, sdfg):
         if not node.training_mode:
             return _batch_normalization_eval(node, state, sdfg)
-        x, y = in_desc_with_name(node, state, sdfg, "X"), out_desc_with_name(node, state, sdfg, "Y")
-        channel = _Channel(x, y)
-        # PyTorch, whose BatchNorm the exporter writes here, keeps the unbiased variance as its running estimate
-        keep, take = float(node.momentum), 1 - float(node.momentum)
-        take_unbiased = take * channel.count / max(channel.count - 1, 1)
-        channel.statistics(float(node.epsilon))
-        channel.scalars("const double k = scale[_c] * inv_std, b = B[_c] - mean * k;\n")
-        channel.each("Y[_o] = X[_i] * k + b;", ("k", "b"))
-        if {"running_mean", "running_var"} <= set(node.out_connectors):
-            channel.scalars(
-                f"running_mean[_c] = input_mean[_c] * {keep!r} + mean * {take!r};\n"
-                f"running_var[_c] = input_var[_c] * {keep!r} + var * {take_unbiased!r};\n"
-            )
-        return cpp_expansion(node, state, sdfg, channel.code())
+        return _batch_normalization_training(node, state, sdfg)
+
+
+def _batch_normalization_training(node, state, sdfg, activation: str | None = None, bounds=()) -> dace.SDFG:
+    """Training mode: the batch's statistics normalize (one pass summing, one writing Y, through ``activation``
+    where there is one: a key of ``ACTIVATIONS``, with its ``bounds``), and the running statistics are updated."""
+    x, y = in_desc_with_name(node, state, sdfg, "X"), out_desc_with_name(node, state, sdfg, "Y")
+    channel = _Channel(x, y)
+    # PyTorch, whose BatchNorm the exporter writes here, keeps the unbiased variance as its running estimate
+    keep, take = float(node.momentum), 1 - float(node.momentum)
+    take_unbiased = take * channel.count / max(channel.count - 1, 1)
+    channel.statistics(float(node.epsilon))
+    channel.scalars("const double k = scale[_c] * inv_std, b = B[_c] - mean * k;\n")
+    written = ACTIVATIONS[activation][0]("_v", list(bounds)) if activation else "_v"
+    channel.each(f"const double _v = X[_i] * k + b; Y[_o] = {written};", ("k", "b"))
+    if {"running_mean", "running_var"} <= set(node.out_connectors):
+        channel.scalars(
+            f"running_mean[_c] = input_mean[_c] * {keep!r} + mean * {take!r};\n"
+            f"running_var[_c] = input_var[_c] * {keep!r} + var * {take_unbiased!r};\n"
+        )
+    return cpp_expansion(node, state, sdfg, channel.code())
 
 
 def _batch_normalization_eval(node, state, sdfg) -> dace.SDFG:
@@ -92,16 +104,79 @@ class BatchNormalizationBackward(BackwardImplementation):
 
     @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
-        channel = _Channel(forward_in(forward_node, context, "X"), forward_out(forward_node, context, "Y"))
-        wanted = [n for n in ("X", "scale", "B") if n in required_gradients]
-        training = bool(forward_node.training_mode)
-        reads = ["X", "scale"] + ([] if training else ["input_mean", "input_var"])
-        names = ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)]
-        body = _batch_norm_backward(channel, float(forward_node.epsilon), wanted, training)
-        return cpp_backward(forward_node, context, names, body)
+        return _batch_norm_backward_node(forward_node, context, required_gradients, bool(forward_node.training_mode))
 
 
 default_backward("BatchNormalization")
+
+#: activations a training-mode BatchNormalization takes into its pass writing Y (``BatchNormActivation``), each as
+#: C++ (its value of the normalized value ``v``; whether the gradient passes, from its output ``z``), given its
+#: constant bounds, NaN kept as eager keeps it. Only those whose derivative their output gives: the backward reads
+#: the output, which the op after keeps for its own backward anyway, not the value before, which nothing then stores
+ACTIVATIONS: dict[str, tuple[Callable[[str, list[float]], str], Callable[[str, list[float]], str]]] = {
+    "Relu": (lambda v, _: f"{v} < 0 ? 0.0 : {v}", lambda z, _: f"{z} > 0"),
+    # ReLU6's and hardtanh's Clip only (export_rules.HARDTANH): clamp's gradient passes at a bound, which the
+    # output cannot tell from beyond it
+    "Clip": (
+        lambda v, b: f"{v} < {b[0]!r} ? {b[0]!r} : {v} > {b[1]!r} ? {b[1]!r} : {v}",
+        lambda z, b: f"{z} > {b[0]!r} && {z} < {b[1]!r}",
+    ),
+}
+
+
+def _batch_norm_backward_node(forward_node, context, required_gradients, training: bool, activation=None, bounds=()):
+    """The backward node of a BatchNormalization, or of a ``BatchNormActivation`` of ``activation``: there dY is
+    Y's gradient where the activation's output (its Y) lets it pass, and 0 elsewhere."""
+    channel = _Channel(forward_in(forward_node, context, "X"), forward_out(forward_node, context, "Y"))
+    wanted = [n for n in ("X", "scale", "B") if n in required_gradients]
+    reads = ["X", "scale"] + ([] if training else ["input_mean", "input_var"]) + (["Y"] if activation else [])
+    names = ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)]
+    dy = "Y_grad[_o]"
+    if activation:
+        dy = f"({ACTIVATIONS[activation][1]('Y[_o]', list(bounds))} ? (double)Y_grad[_o] : 0.0)"
+    body = _batch_norm_backward(channel, float(forward_node.epsilon), wanted, training, dy)
+    return cpp_backward(forward_node, context, names, body)
+
+
+@dace.library.expansion
+class ExpandBatchNormActivation(ExpandTransformation):
+    environments = []
+    expansion = staticmethod(
+        lambda node, state, sdfg: _batch_normalization_training(node, state, sdfg, node.activation, node.bounds)
+    )
+
+
+@dace.library.node
+class BatchNormActivation(nodes.LibraryNode):
+    """A training-mode BatchNormalization (ONNX's connectors, epsilon and momentum) whose Y goes through
+    ``activation`` (a key of ``ACTIVATIONS``, with its constant ``bounds``) before it is written: what the
+    activation would have read and written again, and what the forward stored for the backward, is not there
+    (``on_import.activations_into_norms``)."""
+
+    implementations = {"dcnb": ExpandBatchNormActivation}
+    default_implementation = "dcnb"
+
+    epsilon = Property(dtype=float, default=1e-5)
+    momentum = Property(dtype=float, default=0.9)
+    activation = Property(dtype=str, default="Relu")
+    bounds = ListProperty(element_type=float, default=[])
+
+    def __init__(self, name, inputs=None, outputs=None, epsilon=1e-5, momentum=0.9, activation="Relu", bounds=()):
+        super().__init__(name, inputs=inputs or set(), outputs=outputs or set())
+        self.epsilon, self.momentum, self.activation, self.bounds = epsilon, momentum, activation, list(bounds)
+
+
+@autoregister_params(node_type=BatchNormActivation, name="dcnb")
+class BatchNormActivationBackward(BackwardImplementation):
+    # BatchNormalization's backward, reading the gradient of its output where the activation's output lets it pass
+    @staticmethod
+    def backward_can_be_applied(node, state, sdfg) -> bool:
+        return True
+
+    @staticmethod
+    def backward(forward_node, context, given_gradients, required_gradients):
+        node = forward_node
+        return _batch_norm_backward_node(node, context, required_gradients, True, node.activation, node.bounds)
 
 
 def _read(state, node, connector: str) -> bool:
@@ -115,19 +190,19 @@ def _read(state, node, connector: str) -> bool:
     )
 
 
-def _batch_norm_backward(channel: _Channel, eps: float, wanted: list[str], training: bool) -> str:
+def _batch_norm_backward(channel: _Channel, eps: float, wanted: list[str], training: bool, dy: str) -> str:
     """C++ for the gradients ``wanted`` of a BatchNormalization, one channel's at a time as ``channel`` lays them
     out: with x_hat = (x - mean) * inv_std over its M elements, d scale = sum(dY * x_hat), dB = sum(dY), and dX =
     scale * inv_std * (dY - sum(dY) / M - x_hat * sum(dY * x_hat) / M) in training mode (the batch's statistics),
-    scale * inv_std * dY in eval mode."""
+    scale * inv_std * dY in eval mode; ``dy`` is dY's element (C++ over ``[_o]``)."""
     if training:
-        channel.statistics(eps, dy=True)
+        channel.statistics(eps, dy=dy)
     else:
         channel.scalars(
             f"const double mean = input_mean[_c], inv_std = 1.0 / sqrt((double)input_var[_c] + {eps!r});\n"
         )
         if "scale" in wanted or "B" in wanted:
-            terms = "const double dy = Y_grad[_o]; s_dy += dy; s_dyx += dy * (X[_i] - mean);"
+            terms = f"const double dy = {dy}; s_dy += dy; s_dyx += dy * (X[_i] - mean);"
             channel.sum(("s_dy", "s_dyx"), terms, ("mean",))
         else:
             channel.scalars("double s_dy = 0, s_dyx = 0;\n")
@@ -141,11 +216,11 @@ def _batch_norm_backward(channel: _Channel, eps: float, wanted: list[str], train
             f"const double k = scale[_c] * inv_std, shift = s_dy / {channel.count}, "
             f"slope = sum_dy_x_hat * inv_std / {channel.count};\n"
         )
-        code = "X_grad[_i] = k * (Y_grad[_o] - shift - (X[_i] - mean) * slope);"
+        code = f"X_grad[_i] = k * ({dy} - shift - (X[_i] - mean) * slope);"
         channel.each(code, ("k", "shift", "mean", "slope"))
     elif "X" in wanted:
         channel.scalars("const double k = scale[_c] * inv_std;\n")
-        channel.each("X_grad[_i] = k * Y_grad[_o];", ("k",))
+        channel.each(f"X_grad[_i] = k * {dy};", ("k",))
     return channel.code()
 
 
@@ -200,20 +275,20 @@ class _Channel:
         """``code`` for each element of the channel, reading the channel's values ``uses``."""
         self._parts.append(("each", code, uses))
 
-    def statistics(self, eps: float, dy: bool = False) -> None:
-        """Declare the channel's ``mean``, ``var`` and ``inv_std``; with ``dy``, also ``s_dy`` (the sum of Y's
-        gradient) and ``s_dyx`` (of its products with X centered)."""
+    def statistics(self, eps: float, dy: str | None = None) -> None:
+        """Declare the channel's ``mean``, ``var`` and ``inv_std``; with ``dy`` (Y's gradient's element, C++ over
+        ``[_o]``), also ``s_dy`` (its sum) and ``s_dyx`` (of its products with X centered)."""
         n = self.count
         if self._one_pass:
             terms = "const double x = X[_i]; s_x += x; s_xx += x * x;"
-            terms += " const double dy = Y_grad[_o]; s_dy += dy; s_dyx += dy * x;" if dy else ""
+            terms += f" const double dy = {dy}; s_dy += dy; s_dyx += dy * x;" if dy else ""
             self.sum(("s_x", "s_xx", "s_dy", "s_dyx") if dy else ("s_x", "s_xx"), terms)
             code = f"const double mean = s_x / {n}, raw = s_xx / {n} - mean * mean, var = raw > 0 ? raw : 0;\n"
             self.scalars(code + ("s_dyx -= mean * s_dy;\n" if dy else ""))
         else:
-            self.sum(("s_x", "s_dy") if dy else ("s_x",), "s_x += X[_i];" + (" s_dy += Y_grad[_o];" if dy else ""))
+            self.sum(("s_x", "s_dy") if dy else ("s_x",), "s_x += X[_i];" + (f" s_dy += {dy};" if dy else ""))
             self.scalars(f"const double mean = s_x / {n};\n")
-            second = "const double d = X[_i] - mean; s_xx += d * d;" + (" s_dyx += Y_grad[_o] * d;" if dy else "")
+            second = "const double d = X[_i] - mean; s_xx += d * d;" + (f" s_dyx += {dy} * d;" if dy else "")
             self.sum(("s_xx", "s_dyx") if dy else ("s_xx",), second, ("mean",))
             self.scalars(f"const double var = s_xx / {n};\n")
         self.scalars(f"const double inv_std = 1.0 / sqrt(var + {eps!r});\n")

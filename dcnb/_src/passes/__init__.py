@@ -43,6 +43,7 @@ class Pass:
 
 ON_IMPORT = (
     Pass(on_import.lower),
+    Pass(on_import.activations_into_norms),
     Pass(on_import.no_single_point_dimensions),
     Pass(on_import.transposes_into_products),
 )
