@@ -114,12 +114,13 @@ default_backward("BatchNormalization")
 #: constant bounds, NaN kept as eager keeps it. Only those whose derivative their output gives: the backward reads
 #: the output, which the op after keeps for its own backward anyway, not the value before, which nothing then stores
 ACTIVATIONS: dict[str, tuple[Callable[[str, list[float]], str], Callable[[str, list[float]], str]]] = {
-    "Relu": (lambda v, _: f"{v} < 0 ? 0.0 : {v}", lambda z, _: f"{z} > 0"),
+    # (the gradient's tests negated, as ATen writes them: a NaN passes it)
+    "Relu": (lambda v, _: f"{v} < 0 ? 0.0 : {v}", lambda z, _: f"!({z} <= 0)"),
     # ReLU6's and hardtanh's Clip only (export_rules.HARDTANH): clamp's gradient passes at a bound, which the
     # output cannot tell from beyond it
     "Clip": (
         lambda v, b: f"{v} < {b[0]!r} ? {b[0]!r} : {v} > {b[1]!r} ? {b[1]!r} : {v}",
-        lambda z, b: f"{z} > {b[0]!r} && {z} < {b[1]!r}",
+        lambda z, b: f"!({z} <= {b[0]!r} || {z} >= {b[1]!r})",
     ),
 }
 
