@@ -171,10 +171,6 @@ class BatchNormActivation(nodes.LibraryNode):
 class BatchNormActivationBackward(BackwardImplementation):
     # BatchNormalization's backward, reading the gradient of its output where the activation's output lets it pass
     @staticmethod
-    def backward_can_be_applied(node, state, sdfg) -> bool:
-        return True
-
-    @staticmethod
     def backward(forward_node, context, given_gradients, required_gradients):
         node = forward_node
         return _batch_norm_backward_node(node, context, required_gradients, True, node.activation, node.bounds)

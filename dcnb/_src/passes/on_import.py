@@ -64,8 +64,7 @@ def transposes_into_products(sdfg: dace.SDFG) -> int:
             readers = state.out_edges(result)
             if not (isinstance(result, nodes.AccessNode) and sdfg.arrays[result.data].transient and readers):
                 continue
-            elsewhere = [n for s in sdfg.states() for n in s.data_nodes() if n.data == result.data and n is not result]
-            if state.in_degree(result) != 1 or elsewhere:
+            if state.in_degree(result) != 1 or not _only_access(sdfg, result):
                 continue
             if not all(isinstance(e.dst, ONNXOp) and e.dst.schema.name == "Einsum" for e in readers):
                 continue
@@ -119,10 +118,10 @@ def activations_into_norms(sdfg: dace.SDFG) -> int:
                 continue
             written, activation, bounds, result = found
             node = BatchNormActivation(
-                f"{norm.label}_{activation.schema.name}", set(norm.in_connectors), set(norm.out_connectors),
-                epsilon=float(norm.epsilon), momentum=float(norm.momentum), activation=activation.schema.name,
-                bounds=bounds,
+                f"{norm.label}_{activation.schema.name}", epsilon=float(norm.epsilon), momentum=float(norm.momentum),
+                activation=activation.schema.name, bounds=bounds,
             )
+            # the ONNX node's connectors, typed as they are
             node.in_connectors, node.out_connectors = dict(norm.in_connectors), dict(norm.out_connectors)
             state.add_node(node)
             for edge in state.in_edges(norm):
@@ -155,7 +154,7 @@ def _activation_after(sdfg: dace.SDFG, state: dace.SDFGState, norm: ONNXOp):
     written = out[0].dst
     if not sdfg.arrays[written.data].transient or state.in_degree(written) != 1 or state.out_degree(written) != 1:
         return None
-    if any(n.data == written.data and n is not written for s in sdfg.states() for n in s.data_nodes()):
+    if not _only_access(sdfg, written):
         return None
     edge = state.out_edges(written)[0]
     activation = edge.dst
@@ -187,3 +186,8 @@ def _constant_bounds(sdfg: dace.SDFG, state: dace.SDFGState, activation: ONNXOp)
 def _data(op: ONNXOp) -> str:
     """The connector of an op's first input (Relu's ``X``, Clip's ``input``)."""
     return op.schema.inputs[0].name
+
+
+def _only_access(sdfg: dace.SDFG, node: nodes.AccessNode) -> bool:
+    """Whether ``node`` is the one access node of its array in ``sdfg``."""
+    return not any(n.data == node.data and n is not node for s in sdfg.states() for n in s.data_nodes())
