@@ -74,10 +74,10 @@ def test_the_images_around_the_convolutions_are_channels_last_and_every_result_i
                             training=training)
     (offered,) = [a for a in session.actions() if a.name == "channels_last"]
     # the stem's and its BatchNorm-and-ReLU's outputs (in training mode one node: on_import.activations_into_norms),
-    # the pooled image, each block's seven (two convolutions', two BatchNorms', two ReLUs', the sum; the first
-    # BatchNorm-and-ReLU one in training mode), the average pooling's; not the depthwise convolution's 8x8 output
-    # (fewer pixels than MIN_PIXELS)
-    assert offered.matches == (3 + 6 * 2 + 1 if training else 4 + 7 * 2 + 1)
+    # the pooled image, each block's seven (two convolutions', two BatchNorms', two ReLUs', the sum; in training
+    # mode four: each BatchNorm writes its ReLU's, the second after adding the shortcut), the average pooling's; not
+    # the depthwise convolution's 8x8 output (fewer pixels than MIN_PIXELS)
+    assert offered.matches == (3 + 4 * 2 + 1 if training else 4 + 7 * 2 + 1)
     step = session.apply("channels_last")
     assert step.ok and step.check.ok, step.error
     labels = {"output", "grad stem.weight", "grad blocks.1.conv1.weight", "grad bn.weight", "grad depthwise.weight"}

@@ -495,6 +495,46 @@ def test_an_activation_after_a_training_batch_norm_is_written_by_it(activation, 
     assert session.current.intermediate_bytes == 2 * 4 * 3 * 5 * 5 * x.element_size()
 
 
+class _Residual(nn.Module):
+    """A residual block's end, as ResNet's: relu(norm(conv(...)) + shortcut(x)), the shortcut x itself (whose
+    gradient then adds up from two ops) or a normalized projection of it, summed on either side."""
+
+    def __init__(self, projected: bool, shortcut_first: bool):
+        super().__init__()
+        self.conv1, self.norm1 = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+        self.conv2, self.norm2 = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+        self.shortcut = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)) if projected else nn.Identity()
+        self.shortcut_first = shortcut_first
+
+    def forward(self, x):
+        y = self.norm2(self.conv2(torch.relu(self.norm1(self.conv1(x)))))
+        r = self.shortcut(x)
+        return torch.relu(r + y if self.shortcut_first else y + r)
+
+
+@pytest.mark.parametrize(
+    "projected, shortcut_first", [(False, False), (True, False), (False, True)],
+    ids=["identity", "projected", "identity-first"],
+)
+def test_a_residual_sum_and_its_activation_are_written_by_the_norm(projected, shortcut_first):
+    # the norm wrote its output, a map added the shortcut and wrote the sum, another wrote its ReLU, and the forward
+    # stored the sum for the backward (ResNet-50's 16 residual connections)
+    torch.manual_seed(0)
+    module = _Residual(projected, shortcut_first)
+    x = torch.randn(4, 3, 5, 5)
+    x[0, :, 0, :2] = -1e3  # sums at zero and below where the channel's values are not all near its mean
+    session = _optimize(module, x, training=True)
+    grads = ["grad x", "grad conv1.weight", "grad conv2.weight", "grad norm2.weight", "grad norm2.bias"]
+    if projected:
+        grads += ["grad shortcut.0.weight", "grad shortcut.1.weight", "buffer shortcut.1.running_var"]
+    _assert_checked(session, *grads, "buffer norm2.running_mean", "buffer norm2.running_var")
+    ops = [type(n).__name__ for n, _ in session.forward_sdfg.all_nodes_recursive()]
+    assert ops.count("BatchNormActivation") == 2, ops
+    assert not any(op.startswith(("ONNXAdd", "ONNXRelu")) or op == "MapEntry" for op in ops), ops
+    # the convolutions' outputs (the norms' inputs) and the first activation's: not a norm's, nor the sum
+    assert session.current.intermediate_bytes == (4 if projected else 3) * 4 * 3 * 5 * 5 * 4
+
+
 class _NormReadTwice(nn.Module):
     def __init__(self):
         super().__init__()

@@ -55,16 +55,18 @@ class BatchNormalizationExpansion(ONNXForward):
 
 def _batch_normalization_training(node, state, sdfg, activation: str | None = None, bounds=()) -> dace.SDFG:
     """Training mode: the batch's statistics normalize (one pass summing, one writing Y, through ``activation``
-    where there is one: a key of ``ACTIVATIONS``, with its ``bounds``), and the running statistics are updated."""
+    where there is one: a key of ``ACTIVATIONS``, with its ``bounds``, after adding the input ``R`` where the node
+    has one), and the running statistics are updated."""
     x, y = in_desc_with_name(node, state, sdfg, "X"), out_desc_with_name(node, state, sdfg, "Y")
-    channel = _Channel(x, y)
+    added = "R" in node.in_connectors
+    channel = _Channel(x, y, in_desc_with_name(node, state, sdfg, "R") if added else None)
     # PyTorch, whose BatchNorm the exporter writes here, keeps the unbiased variance as its running estimate
     keep, take = float(node.momentum), 1 - float(node.momentum)
     take_unbiased = take * channel.count / max(channel.count - 1, 1)
     channel.statistics(float(node.epsilon))
     channel.scalars("const double k = scale[_c] * inv_std, b = B[_c] - mean * k;\n")
     written = ACTIVATIONS[activation][0]("_v", list(bounds)) if activation else "_v"
-    channel.each(f"const double _v = X[_i] * k + b; Y[_o] = {written};", ("k", "b"))
+    channel.each(f"const double _v = X[_i] * k + b{' + R[_a]' if added else ''}; Y[_o] = {written};", ("k", "b"))
     if {"running_mean", "running_var"} <= set(node.out_connectors):
         channel.scalars(
             f"running_mean[_c] = input_mean[_c] * {keep!r} + mean * {take!r};\n"
@@ -127,9 +129,12 @@ ACTIVATIONS: dict[str, tuple[Callable[[str, list[float]], str], Callable[[str, l
 
 def _batch_norm_backward_node(forward_node, context, required_gradients, training: bool, activation=None, bounds=()):
     """The backward node of a BatchNormalization, or of a ``BatchNormActivation`` of ``activation``: there dY is
-    Y's gradient where the activation's output (its Y) lets it pass, and 0 elsewhere."""
-    channel = _Channel(forward_in(forward_node, context, "X"), forward_out(forward_node, context, "Y"))
-    wanted = [n for n in ("X", "scale", "B") if n in required_gradients]
+    Y's gradient where the activation's output (its Y) lets it pass, and 0 elsewhere, and the gradient of the input
+    ``R`` it adds, where it has one, is dY."""
+    added = "R" in forward_node.in_connectors
+    x, y = forward_in(forward_node, context, "X"), forward_out(forward_node, context, "Y")
+    channel = _Channel(x, y, forward_in(forward_node, context, "R") if added else None)
+    wanted = [n for n in ("X", "scale", "B", "R") if n in required_gradients]
     reads = ["X", "scale"] + ([] if training else ["input_mean", "input_var"]) + (["Y"] if activation else [])
     names = ["Y_grad", *reads, *(f"{n}_grad" for n in wanted)]
     dy = "Y_grad[_o]"
@@ -149,10 +154,10 @@ class ExpandBatchNormActivation(ExpandTransformation):
 
 @dace.library.node
 class BatchNormActivation(nodes.LibraryNode):
-    """A training-mode BatchNormalization (ONNX's connectors, epsilon and momentum) whose Y goes through
-    ``activation`` (a key of ``ACTIVATIONS``, with its constant ``bounds``) before it is written: what the
-    activation would have read and written again, and what the forward stored for the backward, is not there
-    (``on_import.activations_into_norms``)."""
+    """A training-mode BatchNormalization (ONNX's connectors, epsilon and momentum) whose Y, plus the input ``R``
+    where it has that connector (a residual connection's), goes through ``activation`` (a key of ``ACTIVATIONS``,
+    with its constant ``bounds``) before it is written: what the sum and the activation would have read and written
+    again, and what the forward stored for the backward, is not there (``on_import.activations_into_norms``)."""
 
     implementations = {"dcnb": ExpandBatchNormActivation}
     default_implementation = "dcnb"
@@ -208,16 +213,20 @@ def _batch_norm_backward(channel: _Channel, eps: float, wanted: list[str], train
         channel.scalars("scale_grad[_c] = sum_dy_x_hat;\n")
     if "B" in wanted:
         channel.scalars("B_grad[_c] = s_dy;\n")
+    # R's gradient (dY) written in the pass writing X's, where there is one
+    added = f" R_grad[_a] = {dy};" if "R" in wanted else ""
     if "X" in wanted and training:
         channel.scalars(
             f"const double k = scale[_c] * inv_std, shift = s_dy / {channel.count}, "
             f"slope = sum_dy_x_hat * inv_std / {channel.count};\n"
         )
         code = f"X_grad[_i] = k * ({dy} - shift - (X[_i] - mean) * slope);"
-        channel.each(code, ("k", "shift", "mean", "slope"))
+        channel.each(code + added, ("k", "shift", "mean", "slope"))
     elif "X" in wanted:
         channel.scalars("const double k = scale[_c] * inv_std;\n")
-        channel.each(f"X_grad[_i] = k * {dy};", ("k",))
+        channel.each(f"X_grad[_i] = k * {dy};" + added, ("k",))
+    elif added:
+        channel.each(added, ())
     return channel.code()
 
 
@@ -228,33 +237,34 @@ def _dense_image(desc: dt.Data) -> bool:
 
 
 class _Channel:
-    """C++ over the channels of a BatchNormalization's input ``x`` (N, C, spatial...) and output ``y``: ``[_i]``
-    indexes an element of X (and of its gradient), ``[_o]`` of Y (and of its gradient), in their own strides, ``_c``
-    is the channel. A channel's work is a sequence of parts, which ``code`` lays out: ``sum`` (a pass over its
-    elements adding into doubles), ``scalars`` (per-channel values and outputs), ``each`` (a pass writing each
-    element). Over (N, C, H, W) arrays the channels are spread over the threads, each channel's parts in turn; over
-    channels-last ones (NHWC) each pass reads the arrays once in memory order, rows of channels, a vector loop over
-    the channels (a sum into partial sums per chunk of rows): a channel's elements are C apart there, and a pass per
-    channel read every line C / 16 times."""
+    """C++ over the channels of a BatchNormalization's input ``x`` (N, C, spatial...), its output ``y`` and the
+    input ``r`` added to it, where there is one: ``[_i]`` indexes an element of X (and of its gradient), ``[_o]`` of
+    Y, ``[_a]`` of R (and of their gradients), in their own strides, ``_c`` is the channel. A channel's work is a
+    sequence of parts, which ``code`` lays out: ``sum`` (a pass over its elements adding into doubles), ``scalars``
+    (per-channel values and outputs), ``each`` (a pass writing each element). Over (N, C, H, W) arrays the channels
+    are spread over the threads, each channel's parts in turn; over channels-last ones (NHWC) each pass reads the
+    arrays once in memory order, rows of channels, a vector loop over the channels (a sum into partial sums per
+    chunk of rows): a channel's elements are C apart there, and a pass per channel read every line C / 16 times."""
 
-    def __init__(self, x: dt.Data, y: dt.Data):
+    def __init__(self, x: dt.Data, y: dt.Data, r: dt.Data | None = None):
         self.channels = int(x.shape[1])
         self.count = math.prod(int(s) for i, s in enumerate(x.shape) if i != 1)
         self._parts: list[tuple] = []
         spatial = [int(n) for n in x.shape[2:]]
-        self._last = channels_last(x) and channels_last(y)
+        arrays = (x, y) if r is None else (x, y, r)
+        self._last = all(channels_last(d) for d in arrays)
         if self._last:
-            self._x = self._y = f"(_r) * {self.channels} + (_c)"
-        elif len(spatial) > 1 and _dense_image(x) and _dense_image(y):
+            self._index = [f"(_r) * {self.channels} + (_c)"] * len(arrays)
+        elif len(spatial) > 1 and all(_dense_image(d) for d in arrays):
             # one loop over an image's elements: 7x7 images (EfficientNet's last blocks) left loops of 7 to vectorize
             self._loops = loops(["_n", "_s"], [x.shape[0], math.prod(spatial)])
             at_s = "(_n) * {} + (_c) * {} + (_s) * {}"
-            self._x, self._y = (at_s.format(d.strides[0], d.strides[1], d.strides[-1]) for d in (x, y))
+            self._index = [at_s.format(d.strides[0], d.strides[1], d.strides[-1]) for d in arrays]
         else:
             others = ["_n"] + [f"_s{i}" for i in range(len(spatial))]
             self._loops = loops(others, [x.shape[0], *spatial])
             index = [others[0], "_c", *others[1:]]
-            self._x, self._y = offset(x, index), offset(y, index)
+            self._index = [offset(d, index) for d in arrays]
         # float32 terms summed in double may be summed raw (sum x, sum x * x) in one pass; float64 ones would
         # cancel in it, and take a second pass over the values centered
         self._one_pass = x.dtype != dace.float64
@@ -295,7 +305,9 @@ class _Channel:
         return self._channels_last() if self._last else self._per_channel()
 
     def _elements(self, code: str) -> str:
-        return code.replace("[_i]", f"[{self._x}]").replace("[_o]", f"[{self._y}]")
+        for placeholder, index in zip(("[_i]", "[_o]", "[_a]"), self._index):
+            code = code.replace(placeholder, f"[{index}]")
+        return code
 
     def _per_channel(self) -> str:
         body = ""

@@ -42,8 +42,9 @@ class Pass:
 
 
 ON_IMPORT = (
-    Pass(on_import.lower),
+    # before lower, which expands the Add of a residual connection into a map
     Pass(on_import.activations_into_norms),
+    Pass(on_import.lower),
     Pass(on_import.no_single_point_dimensions),
     Pass(on_import.transposes_into_products),
 )

@@ -103,12 +103,14 @@ def _untransposed(equation: str, operand: int, perm: list[int]) -> str | None:
 
 
 def activations_into_norms(sdfg: dace.SDFG) -> int:
-    """Take the activation that is a training-mode BatchNormalization's one reader (a ReLU, a ReLU6) into it (a
-    ``BatchNormActivation``: one pass writes the activation's output, one reads its gradient); returns how many.
+    """Take the activation that is a training-mode BatchNormalization's one reader (a ReLU, a ReLU6), or that reads
+    the sum of its output and another array alone (a residual connection's), into it (a ``BatchNormActivation``:
+    one pass adds and writes the activation's output, one reads its gradient); returns how many.
 
     gap: DaCe's ONNX nodes are one op each, and the normalization (dcnb's C++ passes over rows of channels, which
-    map_fusion cannot reach) wrote its output for the activation to read and write again, and the forward stored
-    both for the backward: ResNet-50's 49 ReLUs took 92 of a training step's 1250 ms after its BatchNorms
+    map_fusion cannot reach) wrote its output for the activation (or the sum) to read and write again, and the
+    forward stored them for the backward: ResNet-50's 49 ReLUs took 92 of a training step's 1250 ms after its
+    BatchNorms; its 16 residual sums' forward stored 165 MB more
     """
     fused = 0
     for state in sdfg.states():
@@ -116,9 +118,10 @@ def activations_into_norms(sdfg: dace.SDFG) -> int:
             found = _activation_after(sdfg, state, norm)
             if found is None:
                 continue
-            written, activation, bounds, result = found
+            between, activation, bounds, residual, result = found
+            names = [norm.label] + (["Add"] if residual else []) + [activation.schema.name]
             node = BatchNormActivation(
-                f"{norm.label}_{activation.schema.name}", epsilon=float(norm.epsilon), momentum=float(norm.momentum),
+                "_".join(names), epsilon=float(norm.epsilon), momentum=float(norm.momentum),
                 activation=activation.schema.name, bounds=bounds,
             )
             # the ONNX node's connectors, typed as they are
@@ -126,37 +129,59 @@ def activations_into_norms(sdfg: dace.SDFG) -> int:
             state.add_node(node)
             for edge in state.in_edges(norm):
                 state.add_edge(edge.src, edge.src_conn, node, edge.dst_conn, copy.deepcopy(edge.data))
+            if residual is not None:
+                node.add_in_connector("R", residual.dst.in_connectors[residual.dst_conn])
+                state.add_edge(residual.src, residual.src_conn, node, "R", copy.deepcopy(residual.data))
             for edge in state.out_edges(norm):
-                if edge.dst is not written:
+                if edge.dst is not between[0]:
                     state.add_edge(node, edge.src_conn, edge.dst, edge.dst_conn, copy.deepcopy(edge.data))
             out = state.out_edges(activation)[0]
             state.add_edge(node, "Y", result, out.dst_conn, copy.deepcopy(out.data))
             bound_nodes = [e.src for e in state.in_edges(activation) if e.dst_conn != _data(activation)]
-            for removed in (norm, written, activation):
+            for removed in (norm, *between, activation):
                 state.remove_node(removed)
             for constant in bound_nodes:
                 if state.degree(constant) == 0:
                     state.remove_node(constant)
-            sdfg.remove_data(written.data, validate=False)
+            for written in between:
+                if isinstance(written, nodes.AccessNode):
+                    sdfg.remove_data(written.data, validate=False)
             fused += 1
     return fused
 
 
 def _activation_after(sdfg: dace.SDFG, state: dace.SDFGState, norm: ONNXOp):
-    """(Y's access node, the activation, its bounds, its output's access node) where ``norm`` is in training mode
-    and its Y, an array of the SDFG's own written and read nowhere else, goes to one activation of ``ACTIVATIONS``
-    alone."""
+    """(the nodes between ``norm`` and the activation: Y's access node, and where there is a sum the Add and its
+    output's; the activation; its bounds; the edge bringing the Add's other input, or None; the activation's
+    output's access node) where ``norm`` is in training mode and its Y goes to one activation of ``ACTIVATIONS``
+    alone, or to one Add of an array of its shape whose sum goes to the activation alone."""
     if not norm.training_mode or not BatchNormalizationExpansion.forward_can_be_applied(norm, state, sdfg):
         return None
-    out = [e for e in state.out_edges(norm) if e.src_conn == "Y"]
-    if len(out) != 1 or not isinstance(out[0].dst, nodes.AccessNode):
+    written = _read_alone(sdfg, state, norm, "Y")
+    if written is None:
         return None
-    written = out[0].dst
-    if not sdfg.arrays[written.data].transient or state.in_degree(written) != 1 or state.out_degree(written) != 1:
-        return None
-    if not _only_access(sdfg, written):
-        return None
+    between, residual = [written], None
     edge = state.out_edges(written)[0]
+    if isinstance(edge.dst, ONNXOp) and edge.dst.schema.name == "Add":
+        add, shape = edge.dst, sdfg.arrays[written.data].shape
+        others = [e for e in state.in_edges(add) if e is not edge]
+        if len(others) != 1 or not isinstance(others[0].src, nodes.AccessNode):
+            return None
+        # the other input, which the fused node will read, is not reached from what else the norm writes (its
+        # running statistics, which go to the model's buffers)
+        others_written = [e.dst for e in state.out_edges(norm) if e.src_conn != "Y"]
+        if any(others[0].src in state.bfs_nodes(n) for n in others_written):
+            return None
+        residual = others[0]
+        added = sdfg.arrays[residual.data.data]
+        whole = residual.data.subset.covers(dace.subsets.Range.from_array(added))
+        if not whole or added.shape != shape or added.dtype != sdfg.arrays[written.data].dtype:
+            return None
+        summed = _read_alone(sdfg, state, add, "C")
+        if summed is None or sdfg.arrays[summed.data].shape != shape:
+            return None
+        between += [add, summed]
+        edge = state.out_edges(summed)[0]
     activation = edge.dst
     if not (isinstance(activation, ONNXOp) and activation.schema.name in ACTIVATIONS):
         return None
@@ -168,7 +193,19 @@ def _activation_after(sdfg: dace.SDFG, state: dace.SDFGState, norm: ONNXOp):
     result = state.out_edges(activation)[0].dst
     if not isinstance(result, nodes.AccessNode) or sdfg.arrays[result.data].shape != sdfg.arrays[written.data].shape:
         return None
-    return written, activation, bounds, result
+    return between, activation, bounds, residual, result
+
+
+def _read_alone(sdfg: dace.SDFG, state: dace.SDFGState, op: nodes.Node, connector: str) -> nodes.AccessNode | None:
+    """The access node of what ``op`` writes through ``connector``, where that is an array of the SDFG's own, written
+    there alone and read by one op alone, and that node is its one access."""
+    out = [e for e in state.out_edges(op) if e.src_conn == connector]
+    if len(out) != 1 or not isinstance(out[0].dst, nodes.AccessNode):
+        return None
+    written = out[0].dst
+    if not sdfg.arrays[written.data].transient or state.in_degree(written) != 1 or state.out_degree(written) != 1:
+        return None
+    return written if _only_access(sdfg, written) else None
 
 
 def _constant_bounds(sdfg: dace.SDFG, state: dace.SDFGState, activation: ONNXOp) -> list[float] | None:
