@@ -554,9 +554,21 @@ class _NormClamped(nn.Module):
         return torch.clamp(self.norm(x), 0, 0.5)
 
 
-@pytest.mark.parametrize("module", [_NormReadTwice, _NormClamped], ids=["read-again", "clamp"])
+class _NormShifted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.shift = nn.BatchNorm2d(3), nn.Parameter(torch.randn(3, 1, 1))
+
+    def forward(self, x):
+        return torch.relu(self.norm(x) + self.shift)
+
+
+@pytest.mark.parametrize(
+    "module", [_NormReadTwice, _NormClamped, _NormShifted], ids=["read-again", "clamp", "broadcast-sum"]
+)
 def test_an_activation_the_norm_cannot_take_stays_apart(module):
-    # its output read by another op too; clamp's gradient, which passes at a bound (the output cannot tell)
+    # its output read by another op too; clamp's gradient, which passes at a bound (the output cannot tell); a sum
+    # with an array of another shape, broadcast
     torch.manual_seed(0)
     session = _optimize(module(), torch.randn(4, 3, 5, 5), training=True)
     _assert_checked(session, "grad x", "grad norm.weight")
