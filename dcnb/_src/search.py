@@ -398,7 +398,7 @@ def search(
                 children = [r for i, r in rivals.items() if i != 0] if level == 0 else []
                 # every action whole first (the reference first of all), then at each of its places alone where
                 # it matches at few
-                ordered = _reference_first(wanted) if level == 0 else wanted
+                ordered = _first_level(wanted) if level == 0 else wanted
                 tries = itertools.chain(
                     ((p, s, e) for p, s in frontier for e in _matching(session, s, ordered)),
                     ((p, s, e) for p, s in frontier for e in _placed(s, wanted, places)),
@@ -626,12 +626,16 @@ def _matching(session: Session, state: _State, wanted: list[Entry]) -> list[Entr
     return found
 
 
-def _reference_first(wanted: list[Entry]) -> list[Entry]:
-    """``wanted`` with ``REFERENCE`` tried first where it is among them: what the best is to be at or below, and
-    what a user gets without a search. In its registry's order it came fifth of the first level's actions and more,
-    and a 600-s search of the BERT encoder at full size (150 s a candidate) never reached it: its best was 5% behind
-    ``auto_optimize``."""
-    return sorted(wanted, key=lambda e: e != REFERENCE)
+def _first_level(wanted: list[Entry]) -> list[Entry]:
+    """``wanted`` in the order a first level tries them: ``REFERENCE`` first where it is among them, what the best is
+    to be at or below and what a user gets without a search (in its registry's order it came fifth and more, and a
+    600-s search of the BERT encoder at full size, 150 s a candidate, never reached it: its best was 5% behind
+    ``auto_optimize``); then the actions that lay out what the library nodes read (``Action.layout``), whose
+    kernels are most of a step at full size (ResNet-50's convolutions: 843 of 1020 ms) and which their layout
+    chooses. ``channels_last`` was in the best recipes of the full-size searches of ResNet-50 and MobileNetV2, ninth
+    and tenth of their candidates in the registry's order, which a budget reaches at 13-20 s a candidate and not at
+    the 60-200 s of EfficientNet-B0's, ConvNeXt-T's or ViT-B/16's."""
+    return sorted(wanted, key=lambda e: (e != REFERENCE, not actions.get(e.name).layout))
 
 
 def _placed(state: _State, wanted: list[Entry], most: int) -> list[Entry]:

@@ -309,6 +309,17 @@ def test_what_the_best_is_to_beat_is_timed_with_the_finalists_whatever_its_own_t
     assert result.to_dict()["known"] == [2]
 
 
+def test_a_first_level_tries_the_layout_of_the_kernels_right_after_the_reference(cache):
+    # in the registry's order channels_last came ninth and tenth of ResNet-50's and MobileNetV2's first levels at
+    # full size, past what a budget reaches at a minute a candidate
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+    session = dcnb.optimize(module, torch.randn(1, 3, 16, 16), baselines=(), time_budget=0.01)
+    wanted = ["vectorization", "channels_last", "auto_optimize"]
+    result = session.search(300, objective="memory", actions=wanted, beam=1, depth=1, places=0)
+    assert [c.title for c in result.candidates] == ["start", "auto_optimize", "channels_last", "vectorization"]
+
+
 def test_a_recipe_given_is_built_from_the_start_and_extended_as_a_first_action_is(cache):
     session = _session()
     assert session.apply("map_fusion").ok

@@ -79,6 +79,9 @@ class Action:
     options: tuple[str, ...] = ()
     #: the options a search tries it with when not told which actions to try, one candidate each (``search._entries``)
     searched: tuple[dict, ...] = ({},)
+    #: whether it lays out the arrays the library nodes read, which chooses their kernels: a search tries it right
+    #: after its reference (``search._first_level``)
+    layout: bool = False
     #: places it matches in a session's SDFGs now (None: not counted)
     matches: int | None = None
     #: where it matches now, as ``Session.places`` lists it (None: not listed)
@@ -422,6 +425,7 @@ register(
         places=_each(lambda sdfg, where, options: layout.images(sdfg, where)),
         # the convolutions channels-last are PyTorch's CPU kernels (fixes/conv.py); cuDNN's are not measured so
         devices=("cpu",),
+        layout=True,
     )
 )
 
