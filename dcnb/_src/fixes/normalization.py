@@ -213,20 +213,23 @@ def _batch_norm_backward(channel: _Channel, eps: float, wanted: list[str], train
         channel.scalars("scale_grad[_c] = sum_dy_x_hat;\n")
     if "B" in wanted:
         channel.scalars("B_grad[_c] = s_dy;\n")
-    # R's gradient (dY) written in the pass writing X's, where there is one
-    added = f" R_grad[_a] = {dy};" if "R" in wanted else ""
+    # R's gradient is dY, written in the pass writing X's (where there is one) from the value read once there: after
+    # the store into X_grad, which may alias Y_grad for the compiler, it would be read again
+    head, r_grad = "", ""
+    if "R" in wanted:
+        head, r_grad, dy = f"const double _dy = {dy}; ", " R_grad[_a] = _dy;", "_dy"
     if "X" in wanted and training:
         channel.scalars(
             f"const double k = scale[_c] * inv_std, shift = s_dy / {channel.count}, "
             f"slope = sum_dy_x_hat * inv_std / {channel.count};\n"
         )
         code = f"X_grad[_i] = k * ({dy} - shift - (X[_i] - mean) * slope);"
-        channel.each(code + added, ("k", "shift", "mean", "slope"))
+        channel.each(head + code + r_grad, ("k", "shift", "mean", "slope"))
     elif "X" in wanted:
         channel.scalars("const double k = scale[_c] * inv_std;\n")
-        channel.each(f"X_grad[_i] = k * {dy};" + added, ("k",))
-    elif added:
-        channel.each(added, ())
+        channel.each(head + f"X_grad[_i] = k * {dy};" + r_grad, ("k",))
+    elif r_grad:
+        channel.each(head + r_grad, ())
     return channel.code()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import dace
+import networkx as nx
 from dace.autodiff.base_abc import find_backward_implementation
 from dace.frontend.common.einsum import EinsumParser
 from dace.libraries.onnx.nodes.onnx_op import ONNXOp
@@ -167,10 +168,9 @@ def _activation_after(sdfg: dace.SDFG, state: dace.SDFGState, norm: ONNXOp):
         others = [e for e in state.in_edges(add) if e is not edge]
         if len(others) != 1 or not isinstance(others[0].src, nodes.AccessNode):
             return None
-        # the other input, which the fused node will read, is not reached from what else the norm writes (its
-        # running statistics, which go to the model's buffers)
-        others_written = [e.dst for e in state.out_edges(norm) if e.src_conn != "Y"]
-        if any(others[0].src in state.bfs_nodes(n) for n in others_written):
+        # the other input, which the fused node will read, must not be reached from the norm (from its running
+        # statistics): reading it there would close a cycle
+        if nx.has_path(state.nx, norm, others[0].src):
             return None
         residual = others[0]
         added = sdfg.arrays[residual.data.data]
