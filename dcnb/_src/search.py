@@ -21,6 +21,11 @@ Each candidate's time over eager's comes from a timing run of its own, and those
 whose load moves (eager's own time moved 4.7x under load). So the search keeps the ``FINALISTS`` best candidates'
 binaries and at its end times them and eager again in one interleaved run, and those the run cannot tell from the
 fastest (``RETIMED``) in up to two more; the best on time is the fastest there.
+The same holds within a level: a candidate's own run may put it behind the beam when it was not (ConvNeXt-T's
+``channels_last``, on the cores where it led the best recipe known, fell outside the beam and was never extended). So
+where the candidates just past the beam cannot be told from its last by their own timings (their runs' middle halves
+overlap, over each run's eager median, or their timing was noise), those and the beam are timed in one interleaved
+run, and that run chooses the beam (``CONTENDERS``, ``_contenders``).
 What the best is to be at or below is always in that run, whatever its own timing said: the start, ``REFERENCE``
 (DaCe's heuristics, where the search tries it: its first action, before those the budget may not reach) and the
 recipes it is given (a kept recipe, say), which it builds first and may extend. A search of ResNet left
@@ -65,6 +70,9 @@ RETIMED = 2
 #: the best, and a step's budget gave the BERT-base and GPT-2 blocks at full size (0.4 s a call) 3 rounds each, whose
 #: best was 5-6% slower than the kept recipe in a run of 9 rounds right after
 CLOSING = 0.03
+#: up to how many candidates past a level's beam are timed with it to choose it, where their own timings cannot tell
+#: them from the beam's last
+CONTENDERS = 2
 #: up to how many places an action may match, by default, for the search to try it at each of them alone too
 PLACES = 3
 #: the one-action candidate from the start that is always timed with the finalists: DaCe's heuristics
@@ -100,6 +108,8 @@ class Candidate:
     together: float | None = None
     #: dcnb's time over torch.compile's in that run (None where torch.compile was not timed)
     together_compile: float | None = None
+    #: dcnb's time over eager's in the run that chose its level's beam (None where it was not in such a run)
+    ranked: float | None = None
 
     def _median(self, name: str) -> float | None:
         if self.step is None or name not in self.step.timings:
@@ -163,6 +173,7 @@ class Candidate:
             "same_as": self.same_as,
             "together": self.together,
             "together_compile": self.together_compile,
+            "ranked": self.ranked,
         }
 
     def cells(self) -> tuple[str, ...]:
@@ -352,6 +363,8 @@ def search(
     # ends and the reference, by index
     rivals: dict[int, tuple[Candidate, _State]] = {}
     known: list[int | None] = []
+    # a candidate's time over eager's in the run that chose its level's beam, by index
+    ranked: dict[int, float] = {}
     began = time.perf_counter()
     deadline = began + budget
     stopped = "depth reached"
@@ -438,11 +451,14 @@ def search(
                     stopped = stopped if stopped == "budget spent" else "nothing left to extend"
                     break
                 children.sort(key=lambda c: (c[0].score(objective), tiebreak[c[0].index]))
+                if stopped != "budget spent" and (depth is None or level < depth - 1):
+                    children = _beam_chosen(session, children, beam, objective, CLOSING * budget, ranked, tiebreak)
                 frontier = children[:beam]  # the others' states (their SDFGs and binaries) go
                 if stopped == "budget spent":
                     break
     finally:
         session._report = report
+    tried = [dataclasses.replace(c, ranked=ranked[c.index]) if c.index in ranked else c for c in tried]
     timed_together = {c.index: (c, s) for c, s in [(start, start_state), *rivals.values(), *finalists]}
     together = _together(session, list(timed_together.values()), CLOSING * budget) if objective == "time" else {}
     if together:
@@ -479,11 +495,66 @@ def search(
     )
 
 
+def _beam_chosen(
+    session: Session,
+    children: list[tuple[Candidate, _State]],
+    beam: int,
+    objective: str,
+    seconds: float,
+    ranked: dict[int, float],
+    tiebreak: dict[int, float],
+) -> list[tuple[Candidate, _State]]:
+    """A level's candidates (ordered by their own timings) in the order their beam is taken from: where some past
+    the beam cannot be told from its last (``_contenders``), those and the beam as one interleaved run of them orders
+    them (each one's ratio there into ``ranked``), ahead of the rest."""
+    contenders = _contenders(children, beam, objective)
+    if not contenders:
+        return children
+    ratios = _together(session, contenders, seconds, retimed=0, which="candidates the beam is chosen from")
+    if not ratios:
+        return children
+    ranked.update((index, ratio) for index, (ratio, _) in ratios.items())
+    head = sorted(contenders, key=lambda c: (ratios[c[0].index][0], tiebreak[c[0].index]))
+    return [*head, *(c for c in children if c[0].index not in ratios)]
+
+
+def _contenders(children: list[tuple[Candidate, _State]], beam: int, objective: str) -> list[tuple[Candidate, _State]]:
+    """The beam of ``children`` (ordered by their own timings) and up to ``CONTENDERS`` after it that their own
+    timings cannot tell from its last; none where there are none such, or the objective is memory (whose ties
+    time breaks as it is)."""
+    if objective != "time" or len(children) <= beam:
+        return []
+    last = children[beam - 1][0]
+    tied = [c for c in children[beam:] if _tied(c[0], last)][:CONTENDERS]
+    return [*children[:beam], *tied] if tied else []
+
+
+def _tied(candidate: Candidate, other: Candidate) -> bool:
+    """Whether ``candidate``'s own timing cannot tell it from ``other``'s: the middle halves of their runs overlap,
+    each over its run's eager median, or its timing was noise."""
+    if candidate.step is None or other.step is None:
+        return False
+    if any(n.startswith(NOISE_NOTE) for n in candidate.step.notes):
+        return True
+    spans = []
+    for step in (candidate.step, other.step):
+        dcnb, eager = step.timings.get("dcnb"), step.timings.get("torch")
+        if dcnb is None or eager is None or None in (dcnb.q1, dcnb.q3) or not eager.median:
+            return False
+        spans.append((dcnb.q1 / eager.median, dcnb.q3 / eager.median))
+    (low, high), (other_low, other_high) = spans
+    return low <= other_high and other_low <= high
+
+
 def _together(
-    session: Session, finalists: list[tuple[Candidate, _State]], seconds: float = 0.0
+    session: Session,
+    finalists: list[tuple[Candidate, _State]],
+    seconds: float = 0.0,
+    retimed: int = RETIMED,
+    which: str = "best candidates",
 ) -> dict[int, tuple[float, float | None]]:
     """The finalists' times over eager's and over torch.compile's (candidate index -> the two ratios; the second
-    None where torch.compile is not a baseline) from one interleaved run of them all, and up to ``RETIMED`` more of
+    None where torch.compile is not a baseline) from one interleaved run of them all, and up to ``retimed`` more of
     those still tied with the fastest (each ratio then the geometric mean of its runs'), each run ``seconds`` long
     or a step's timing where that is longer; none where fewer than two are timed or eager is not among the
     session's baselines."""
@@ -493,8 +564,8 @@ def _together(
     modules = {str(c.index): session._dcnb_module(state.runner) for c, state in timed}
     ratios: dict[str, list[tuple[float, float | None]]] = {name: [] for name in modules}
     running = list(modules)
-    for _ in range(1 + RETIMED):
-        session._progress(f"timing the {len(running)} best candidates together")
+    for _ in range(1 + retimed):
+        session._progress(f"timing the {len(running)} {which} together")
         events.emit("timed together")
         with verify.preserved(session._module, session.training), alone.timing():
             timings = session._baselines.time_together({name: modules[name] for name in running}, seconds)

@@ -438,7 +438,8 @@ class Session:
         say: a list of steps as ``recipe`` gives, the start's own steps at their head or not), built first within the
         budget, each of their steps a candidate, their ends extended as the first actions' are. The best becomes
         ordinary steps (``apply`` for each of its entries); the result holds every candidate tried, failed ones with
-        their reason.
+        their reason. On time, a level whose candidates past the beam cannot be told from its last by their own
+        timings has those and the beam timed together, and that run chooses the beam.
 
         The next candidates are transformed and their compiles started while one is checked and timed; where they
         compile: this machine's cores, or with ``cluster`` (a ``dask.distributed.Client`` or a scheduler's address,

@@ -264,6 +264,64 @@ def test_finalists_the_closing_run_cannot_tell_from_the_fastest_are_timed_again(
     assert set(ratios) == {0, 1} and all(r > 0 and c is None for r, c in ratios.values())
 
 
+def _twins(session, count: int) -> list:
+    """``count`` candidates of the session's current binary under as many names: their own timings the same."""
+    start = search.Candidate(index=0, recipe=(), parent=None, ok=True, step=session.current)
+    state = session._states[-1]
+    return [(dataclasses.replace(start, index=i + 1, recipe=(Entry(f"twin{i}"),)), state) for i in range(count)]
+
+
+def _slower(pair, times: float, noise: bool = False):
+    """The candidate of ``pair`` as if its own run had timed it ``times`` as slow, its runs' middle half as tight."""
+    candidate, state = pair
+    step = candidate.step
+    own = step.timings["dcnb"]
+    slow = dataclasses.replace(own, median=own.median * times, q1=own.q1 * times, q3=own.q3 * times)
+    notes = (f"{timing.NOISE_NOTE}: its runs spread",) if noise else ()
+    made = dataclasses.replace(step, timings={**step.timings, "dcnb": slow}, notes=notes)
+    return dataclasses.replace(candidate, step=made), state
+
+
+def test_a_level_whose_candidates_past_the_beam_its_own_timings_cannot_tell_apart_is_ranked_by_one_run(cache):
+    # ConvNeXt-T's channels_last, on the cores where it led the best recipe known, fell outside a beam of 3 by its
+    # own run, minutes from the others', and was never extended: the beam and those past it that their own timings
+    # cannot tell from its last are timed in one interleaved run, which orders them; here one binary under 5 names
+    torch.manual_seed(0)
+    session = dcnb.optimize(Mish(), torch.rand(*SHAPE), baselines=("torch",), time_budget=0.2)
+    children = _twins(session, 5)
+    ranked, tiebreak = {}, {c.index: 0.5 for c, _ in children}
+    with events.count() as counted:
+        chosen = search._beam_chosen(session, children, 2, "time", 0.2, ranked, tiebreak)
+    assert counted["timed together"] == 1
+    # the beam of 2 and 2 contenders in the run (the fifth past the cap), ordered by it, ahead of the rest
+    assert set(ranked) == {1, 2, 3, 4} and all(r > 0 for r in ranked.values())
+    assert [c.index for c, _ in chosen[:4]] == sorted(ranked, key=ranked.get) and chosen[4][0].index == 5
+    # one far behind the beam's last by its own run is not timed again, unless that run was noise
+    far = [*children[:2], _slower(children[2], 3.0)]
+    with events.count() as counted:
+        assert search._beam_chosen(session, far, 2, "time", 0.2, {}, tiebreak) == far
+        assert search._beam_chosen(session, far, 2, "memory", 0.2, {}, tiebreak) == far
+    assert counted["timed together"] == 0
+    noisy = [*children[:2], _slower(children[2], 3.0, noise=True)]
+    again: dict[int, float] = {}
+    with events.count() as counted:
+        search._beam_chosen(session, noisy, 2, "time", 0.2, again, tiebreak)
+    assert counted["timed together"] == 1 and set(again) == {1, 2, 3}
+
+
+def test_a_search_extends_the_beam_its_level_run_chose(cache):
+    result = _session().search(120, objective="time", actions=ACTIONS, beam=1, depth=2, seed=0, places=0)
+    first = [c for c in result.candidates if c.parent == 0 and c.ok and c.same_as is None]
+    extended = {c.parent for c in result.candidates if c.parent not in (None, 0)}
+    ranked = {c.index: c.ranked for c in first if c.ranked is not None}
+    # (a level-2 candidate extends the one candidate of the beam, where an action matches after it)
+    if ranked:  # the level's candidates past its beam of 1 were tied with it by their own runs
+        assert extended <= {min(ranked, key=ranked.get)}
+        assert result.to_dict()["candidates"][first[0].index]["ranked"] == first[0].ranked
+    else:
+        assert extended <= {min(first, key=lambda c: c.ratio).index}
+
+
 def test_the_closing_run_takes_its_share_of_the_search_budget(cache, monkeypatch):
     # a step's timing budget gave full-size blocks (0.4 s a call) 3 rounds in the run that picks the best
     budgets = []
